@@ -1,0 +1,68 @@
+"""The ``ddq`` command line.
+
+    ddq version                               print the version
+    ddq config --config config/demo.yaml      print the resolved config (YAML) and its digest
+    ddq config --config config/demo.yaml --json
+
+Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in ``_build_parser``.
+Commands that report numbers accept ``--json`` and then print one JSON object as their last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from dd_queue import __version__
+from dd_queue.config import load_config
+from dd_queue.errors import DDQError
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    sys.stdout.write(f"dd_queue {__version__}\n")
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, os.environ)
+    data = cfg.public_dict()
+    if args.json:
+        sys.stdout.write(json.dumps({"digest": cfg.digest, "config": data}) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        sys.stdout.write(f"# digest: {cfg.digest}\n")
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddq", description="Decoupled DiLoCo over Redis.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=_cmd_version)
+
+    p = sub.add_parser("config", help="validate a config and print it resolved, with its digest")
+    p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of YAML")
+    p.set_defaults(func=_cmd_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ddq`` console script; returns the process exit code."""
+    args = _build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except DDQError as exc:
+        sys.stderr.write(f"ddq: error: {exc}\n")
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Every error dd_queue raises on purpose, in one tree.
+
+Catch ``DDQError`` to catch them all. Each message says what went wrong *and what to do*.
+
+    DDQError
+    ├── ConfigError              invalid or unknown configuration (names the key's path)
+    ├── ProtocolError            a message or payload that must not be used
+    │   ├── CorruptPayload       truncated, bit-flipped, bad checksum, inconsistent lengths
+    │   ├── IncompatibleMessage  wrong schema_version, run_id, codec or dtype
+    │   ├── PayloadTooLarge      over a configured size limit (envelope, decompressed, elements)
+    │   └── NonFiniteValues      NaN or Inf where only finite numbers may appear
+    ├── BusError                 the Redis bus (or its in-memory twin) failed
+    │   ├── BusUnavailable       the server could not be reached within the bounded retry time
+    │   ├── LeaseLost            the caller no longer holds the lease it acted under (fenced)
+    │   └── BlobMissing          a referenced payload key has expired or was never written
+    └── CoreError                invalid input to the pure algorithm core (shapes, weights, ...)
+
+Quorum shortfall, slow learners and abandoned rounds are *not* errors: they are ``Decision``s.
+"""
+
+from __future__ import annotations
+
+
+class DDQError(Exception):
+    """Root of every error that dd_queue raises deliberately."""
+
+
+class ConfigError(DDQError):
+    """The configuration is invalid; the message names the key's path and the fix."""
+
+
+class ProtocolError(DDQError):
+    """A wire message or payload must not be used. ``reason`` is a short machine-readable tag."""
+
+    reason: str = "protocol"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class CorruptPayload(ProtocolError):
+    """Bytes that do not decode: truncated, bit-flipped, bad checksum, inconsistent lengths."""
+
+    reason = "corrupt"
+
+
+class IncompatibleMessage(ProtocolError):
+    """A well-formed message from another schema version, run, codec or dtype."""
+
+    reason = "incompatible"
+
+
+class PayloadTooLarge(ProtocolError):
+    """A payload over a configured limit; raised before anything big is allocated."""
+
+    reason = "too_large"
+
+
+class NonFiniteValues(ProtocolError):
+    """NaN or Inf in a tensor that must be finite (never merged)."""
+
+    reason = "non_finite"
+
+
+class BusError(DDQError):
+    """The bus failed in a way the caller must handle."""
+
+
+class BusUnavailable(BusError):
+    """Redis could not be reached within the bounded retry time; check the server and the URL."""
+
+
+class LeaseLost(BusError):
+    """The caller's lease (and fencing token) is no longer current; another owner took over."""
+
+
+class BlobMissing(BusError):
+    """A payload key referenced by a stream entry is gone (expired TTL or never written)."""
+
+
+class CoreError(DDQError):
+    """Invalid input to a pure core function (mismatched shapes, negative weights, ...)."""
+
+
+__all__ = [
+    "BlobMissing",
+    "BusError",
+    "BusUnavailable",
+    "ConfigError",
+    "CoreError",
+    "CorruptPayload",
+    "DDQError",
+    "IncompatibleMessage",
+    "LeaseLost",
+    "NonFiniteValues",
+    "PayloadTooLarge",
+    "ProtocolError",
+]

@@ -1,0 +1,196 @@
+"""The config tree: base.yaml is complete, every rule fires with a message that names the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pydantic
+import pytest
+import yaml
+
+from dd_queue.cli import main as ddq_main
+from dd_queue.config import DDQConfig, load_config, validate_config
+from dd_queue.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+
+
+def _leaf_paths(model: type[pydantic.BaseModel], prefix: str = "") -> dict[str, str | None]:
+    """Every leaf field's dotted path, with its description."""
+    paths: dict[str, str | None] = {}
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
+            paths.update(_leaf_paths(ann, f"{prefix}{name}."))
+        else:
+            paths[f"{prefix}{name}"] = field.description
+    return paths
+
+
+def _yaml_paths(node: object, prefix: str = "") -> set[str]:
+    if not isinstance(node, dict):
+        return {prefix.rstrip(".")}
+    out: set[str] = set()
+    for key, value in node.items():
+        out |= _yaml_paths(value, f"{prefix}{key}.")
+    return out
+
+
+def test_base_yaml_lists_every_field_and_nothing_else():
+    raw = yaml.safe_load((CONFIG_DIR / "base.yaml").read_text())
+    assert _yaml_paths(raw) == set(_leaf_paths(DDQConfig))
+
+
+def test_every_field_is_documented():
+    undocumented = [path for path, doc in _leaf_paths(DDQConfig).items() if not doc]
+    assert undocumented == []
+
+
+def test_base_yaml_states_the_model_defaults():
+    assert load_config(CONFIG_DIR / "base.yaml") == DDQConfig()
+
+
+@pytest.mark.parametrize("name", ["base.yaml", "demo.yaml", "test.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = load_config(CONFIG_DIR / name)
+    assert len(cfg.digest) == 16
+
+
+def test_derived_file_overrides_only_what_it_names():
+    cfg = load_config(CONFIG_DIR / "test.yaml")
+    assert cfg.run.run_id == "test"
+    assert cfg.redis.block_ms == 200
+    assert cfg.redis.url == DDQConfig().redis.url  # inherited from base.yaml
+
+
+def test_config_is_frozen():
+    cfg = DDQConfig()
+    with pytest.raises(pydantic.ValidationError):
+        cfg.synchronizer.quorum = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"synchronizer": {"quorm": 2}}, ["synchronizer.quorm", "unknown key"]),
+        ({"synchronizr": {}}, ["synchronizr", "unknown key"]),
+        ({"synchronizer": {"quorum": 0}}, ["synchronizer.quorum", "greater than or equal to 1"]),
+        (
+            {"membership": {"heartbeat_interval_s": 5.0, "dead_after_s": 12.0}},
+            ["dead_after_s", "3 × heartbeat_interval_s"],
+        ),
+        (
+            {"membership": {"straggling_after_s": 5.0, "stalled_after_s": 4.0}},
+            ["must rise"],
+        ),
+        ({"redis": {"block_ms": 20_000}}, ["block_ms", "socket_timeout_s"]),
+        (
+            {"synchronizer": {"grace_cap_s": 90.0, "round_timeout_s": 60.0}},
+            ["grace_cap_s", "round_timeout_s"],
+        ),
+        (
+            {"synchronizer": {"quorum": 5, "quorum_policy": "wait"}},
+            ["quorum 5", "expected_learners 2", "shrink"],
+        ),
+        ({"run": {"run_id": "a{b}"}}, ["run.run_id", "letters, digits"]),
+        ({"model": {"d_model": 30, "n_heads": 4}}, ["divisible"]),
+        ({"wire": {"codec": "int3"}}, ["wire.codec", "'int8'"]),
+        ({"faults": {"schedule": [{"at_s": 1, "target": "L0", "kind": "melt"}]}}, ["kind"]),
+    ],
+    ids=[
+        "unknown-field",
+        "unknown-section",
+        "quorum-below-1",
+        "heartbeat-timeout",
+        "threshold-order",
+        "block-vs-socket",
+        "grace-cap",
+        "quorum-unreachable",
+        "run-id-charset",
+        "heads",
+        "codec-name",
+        "fault-kind",
+    ],
+)
+def test_invalid_config_names_key_and_fix(raw, words):
+    with pytest.raises(ConfigError) as err:
+        validate_config(raw)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_env_overrides_parse_yaml_scalars():
+    env = {
+        "DDQ__SYNCHRONIZER__QUORUM": "2",
+        "DDQ__SYNCHRONIZER__GRACE_CAP_S": "null",
+        "DDQ__SYNCHRONIZER__EMBEDDING_PATTERNS": "[wte, head]",
+        "DDQ__LEARNER__ERROR_FEEDBACK": "false",
+        "OTHER": "ignored",
+    }
+    cfg = load_config(CONFIG_DIR / "base.yaml", env)
+    assert cfg.synchronizer.quorum == 2
+    assert cfg.synchronizer.grace_cap_s is None
+    assert cfg.synchronizer.embedding_patterns == ("wte", "head")
+    assert cfg.learner.error_feedback is False
+
+
+def test_env_override_keeps_text_fields_text():
+    cfg = load_config(CONFIG_DIR / "base.yaml", {"DDQ__CONTROL__TOKEN": "12345"})
+    assert cfg.control.token is not None
+    assert cfg.control.token.get_secret_value() == "12345"
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("DDQ__SYNCHRONIZER__QUORMU", "unknown key synchronizer.quormu"),
+        ("DDQ__NOPE__X", "unknown key nope"),
+        ("DDQ__RUN__RUN_ID__X", "is a value, not a section"),
+        ("DDQ__RUN", "DDQ__SECTION__FIELD"),
+    ],
+)
+def test_bad_env_override_is_refused(name, words):
+    with pytest.raises(ConfigError, match=words):
+        load_config(CONFIG_DIR / "base.yaml", {name: "1"})
+
+
+def test_env_override_value_is_validated():
+    with pytest.raises(ConfigError, match=r"synchronizer\.quorum"):
+        load_config(CONFIG_DIR / "base.yaml", {"DDQ__SYNCHRONIZER__QUORUM": "many"})
+
+
+def test_digest_is_stable_and_ignores_secrets():
+    a = DDQConfig()
+    b = validate_config({"control": {"token": "secret"}})
+    c = validate_config({"synchronizer": {"outer_lr": 0.5}})
+    assert a.digest == DDQConfig().digest == b.digest
+    assert a.digest != c.digest
+    assert "secret" not in json.dumps(b.public_dict())
+
+
+def test_extends_cycle_and_bad_files(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "bad.yaml").write_text("run: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_cli_config_json_is_last_line(capsys):
+    assert ddq_main(["config", "--config", str(CONFIG_DIR / "demo.yaml"), "--json"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last)["config"]["membership"]["expected_learners"] == 3
+
+
+def test_cli_reports_config_errors_with_exit_2(tmp_path: Path, capsys):
+    (tmp_path / "x.yaml").write_text("synchronizer: {quorum: 0}\n")
+    assert ddq_main(["config", "--config", str(tmp_path / "x.yaml")]) == 2
+    assert "synchronizer.quorum" in capsys.readouterr().err
