@@ -36,6 +36,8 @@ from pydantic import (
     model_validator,
 )
 
+from dd_queue.core.membership import MembershipParams
+from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import ConfigError
 
 ENV_PREFIX = "DDQ__"
@@ -175,7 +177,7 @@ class SynchronizerConfig(_Section):
     )
     quorum: int = Field(1, ge=1, description="K: distinct learners needed before a merge.")
     quorum_policy: Literal["wait", "shrink"] = Field(
-        "shrink", description="When K > live learners: wait for them, or shrink K to live count."
+        "wait", description="When K > live learners: wait for them, or shrink K to live count."
     )
     grace_gamma: float = Field(0.5, ge=0, le=1, description="γ: share of the slack to wait.")
     grace_cap_s: float | None = Field(
@@ -207,6 +209,11 @@ class SynchronizerConfig(_Section):
         30_000, ge=0, description="Reclaim pending contributions idle this long."
     )
 
+    def policy_params(self) -> PolicyParams:
+        """The core policy's knobs, which mirror this section's field names."""
+        names = PolicyParams.__dataclass_fields__
+        return PolicyParams(**{k: v for k, v in self.model_dump().items() if k in names})
+
     @model_validator(mode="after")
     def _check_grace(self) -> Self:
         if self.grace_cap_s is not None and self.grace_cap_s >= self.round_timeout_s:
@@ -227,6 +234,18 @@ class MembershipConfig(_Section):
     dead_after_s: float = Field(
         30.0, gt=0, description="Heartbeat age that marks dead (>= 3 × interval)."
     )
+    slow_step_factor: float | None = Field(
+        2.0, gt=1, description="Straggling if step time > this × the median (null = off)."
+    )
+
+    def params(self) -> MembershipParams:
+        """The core liveness rules' thresholds."""
+        return MembershipParams(
+            straggling_after_s=self.straggling_after_s,
+            stalled_after_s=self.stalled_after_s,
+            dead_after_s=self.dead_after_s,
+            slow_step_factor=self.slow_step_factor,
+        )
 
     @model_validator(mode="after")
     def _check_thresholds(self) -> Self:

@@ -194,3 +194,11 @@ def test_cli_reports_config_errors_with_exit_2(tmp_path: Path, capsys):
     (tmp_path / "x.yaml").write_text("synchronizer: {quorum: 0}\n")
     assert ddq_main(["config", "--config", str(tmp_path / "x.yaml")]) == 2
     assert "synchronizer.quorum" in capsys.readouterr().err
+
+
+def test_sections_build_the_core_parameters():
+    cfg = load_config(CONFIG_DIR / "test.yaml", {"DDQ__SYNCHRONIZER__GRACE_GAMMA": "0.25"})
+    policy = cfg.synchronizer.policy_params()
+    assert policy.grace_gamma == 0.25
+    assert policy.round_timeout_s == cfg.synchronizer.round_timeout_s
+    assert cfg.membership.params().dead_after_s == cfg.membership.dead_after_s
