@@ -1,0 +1,363 @@
+"""Merging the contributions of one fragment's round: weights, weighted mean, RDA, re-anchoring.
+
+Decoupled DiLoCo (Douillard et al., arXiv 2604.21428), synchronizer step 3. Learner m sends the
+outer gradient (pseudo-gradient, DiLoCo arXiv 2311.08105) of fragment p, a flat float32 vector
+Δ_m = Θ_p(base_m) − θ_m, with the tokens and inner steps it trained since it last received p.
+
+- **Token weights** ("quantity × quality"): w_m = tokens_m · (tokens_m / max(steps_m, 1)), in
+  tokens²/step. ``weighting="uniform"`` gives w_m = 1. Only ratios matter: the merge uses
+  a_m = w_m / Σ w, and when Σ w = 0 it returns ``kind="no_update"`` (never NaN).
+- **Weighted mean**: Δ = Σ a_m Δ_m.
+- **Radial-Directional Averaging**, per tensor segment s (our reading of the paper):
+  RDA = r_s · φ(u_s), r_s = Σ a_m ‖Δ_m,s‖, u_s = Σ a_m φ(Δ_m,s), φ(x) = x/‖x‖, φ(0) = 0.
+  Per-learner outer gradients are nearly orthogonal, so a mean shrinks like 1/√M; RDA keeps the
+  norm. Embedding segments always use the weighted mean. When the directions cancel, i.e.
+  ‖u_s‖ < ``min_direction_norm`` · Σ_{m: Δ_m,s ≠ 0} a_m (default 1e-3: the unit vectors cancel
+  to under 0.1% of their combined weight, so φ(u_s) would amplify rounding error ~1000×), the
+  segment falls back to the weighted mean and is listed in ``MergeResult.fallback_segments``.
+- **Re-anchoring** of a Δ_m made against an older version lives in :mod:`dd_queue.core.anchor`.
+
+Speed: no Python loop touches single elements. The flat vector is cut into pieces of at most
+``CHUNK_ELEMENTS`` inside one segment; for each piece every contribution is scaled into a small
+scratch buffer and added to ``out`` while both stay in cache. Squared norms are fp32 dots per piece
+summed in fp64. Contributions with zero weight are never read (so they are not checked for NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NoReturn
+
+import numpy as np
+import numpy.typing as npt
+
+from dd_queue.core.fragments import Fragment, Segment
+from dd_queue.errors import CoreError
+
+CHUNK_ELEMENTS = 1 << 16  # 256 KiB of fp32: a piece, its scratch and ``out`` stay in L2
+MIN_DIRECTION_NORM = 1e-3
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+Rule = Literal["rda", "mean"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ContributionData:
+    """One learner's decoded contribution to one fragment's round (compared by identity).
+
+    Attributes:
+        learner_id: e.g. ``"L3"``.
+        delta: Δ_m = Θ_p(base_version) − θ_m, flat float32 of the fragment's size.
+        tokens: Tokens trained since the learner last received this fragment (≥ 0).
+        steps: Inner steps over the same span (≥ 0; clamped to ≥ 1 in the weight).
+        base_version: Global version of the fragment that Δ_m is measured from.
+    """
+
+    learner_id: str
+    delta: F32
+    tokens: int
+    steps: int
+    base_version: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class MergeResult:
+    """The merged pseudo-gradient of a round, with what the round record needs (holds an array,
+    so compared by identity).
+
+    Attributes:
+        kind: ``"merged"``, or ``"no_update"`` when no contribution has weight; then ``delta`` is
+            zeros and the caller must skip the outer step (momentum would still move Θ).
+        delta: Merged Δ, float32 of the fragment's size.
+        learner_ids: Contributors, in input order.
+        weights: Normalised weights a_m (sum 1, or all 0 for ``no_update``), in input order.
+        rule: Merge rule used for non-embedding segments.
+        fallback_segments: RDA segments that used the weighted mean (directions cancelled).
+        delta_norm: ‖Δ‖₂ of the merged vector.
+        reason: One line for logs, the API and the dashboard.
+    """
+
+    kind: Literal["merged", "no_update"]
+    delta: F32
+    learner_ids: tuple[str, ...]
+    weights: tuple[float, ...]
+    rule: Rule
+    fallback_segments: tuple[str, ...]
+    delta_norm: float
+    reason: str
+
+
+def token_weights(tokens: Sequence[float], steps: Sequence[float]) -> F64:
+    """w_m = tokens_m · (tokens_m / max(steps_m, 1)), in tokens²/step (arXiv 2604.21428).
+
+    Raises:
+        CoreError: Lengths differ, or a count is negative or not finite.
+    """
+    t = _counts(tokens, "tokens")
+    s = _counts(steps, "steps")
+    if t.shape != s.shape:
+        raise CoreError(f"{t.size} token counts but {s.size} step counts; give one of each")
+    return t * (t / np.maximum(s, 1.0))
+
+
+def uniform_weights(n: int) -> F64:
+    """w_m = 1 for each of ``n`` contributions."""
+    return np.ones(n, dtype=np.float64)
+
+
+def weighted_mean(vectors: Sequence[F32], weights: npt.ArrayLike, *, out: F32 | None = None) -> F32:
+    """Σ a_m v_m, a_m = w_m / Σ w, over whole flat vectors (zeros if every weight is 0)."""
+    size = vectors[0].size if vectors else 0
+    whole = Fragment(index=0, segments=(Segment("all", 0, size, (size,), False),), size=size)
+    return merge_weighted(vectors, weights, whole, rule="mean", out=out).delta
+
+
+def merge_fragment(
+    contribs: Sequence[ContributionData],
+    fragment: Fragment,
+    *,
+    rule: Rule = "rda",
+    weighting: Literal["tokens", "uniform"] = "tokens",
+    out: F32 | None = None,
+    min_direction_norm: float = MIN_DIRECTION_NORM,
+) -> MergeResult:
+    """Merge one round's contributions to ``fragment`` (synchronizer step 3, arXiv 2604.21428).
+
+    Args:
+        contribs: At most one per learner, already anchored (see ``anchor_contributions``).
+        fragment: The fragment's layout; its embedding segments always use the weighted mean.
+        rule: ``"rda"`` or ``"mean"`` for the other segments.
+        weighting: ``"tokens"`` (w_m = tokens²/steps) or ``"uniform"``.
+        out: Preallocated float32 output of the fragment's size (must not overlap an input).
+        min_direction_norm: RDA degeneracy threshold (module doc).
+
+    Returns:
+        The merge result; ``kind == "no_update"`` when every weight is zero.
+
+    Raises:
+        CoreError: Duplicate learner, bad counts, wrong shape/dtype, or non-finite values.
+    """
+    ids = tuple(c.learner_id for c in contribs)
+    if len(set(ids)) != len(ids):
+        raise CoreError(f"learners {ids} contribute more than once; dedupe before merging")
+    if weighting not in ("tokens", "uniform"):
+        raise CoreError(f"weighting must be 'tokens' or 'uniform', got {weighting!r}")
+    tokens, steps = [c.tokens for c in contribs], [c.steps for c in contribs]
+    w = token_weights(tokens, steps) if weighting == "tokens" else uniform_weights(len(ids))
+    vectors = [c.delta for c in contribs]
+    return merge_weighted(
+        vectors,
+        w,
+        fragment,
+        rule=rule,
+        learner_ids=ids,
+        out=out,
+        min_direction_norm=min_direction_norm,
+    )
+
+
+def merge_weighted(
+    vectors: Sequence[F32],
+    weights: npt.ArrayLike,
+    fragment: Fragment,
+    *,
+    rule: Rule = "rda",
+    learner_ids: Sequence[str] | None = None,
+    out: F32 | None = None,
+    min_direction_norm: float = MIN_DIRECTION_NORM,
+) -> MergeResult:
+    """Merge flat vectors with explicit weights w_m ≥ 0 (only their ratios matter).
+
+    Same as :func:`merge_fragment` after the weights are chosen; ``learner_ids`` default to
+    ``"0", "1", ...``.
+
+    Raises:
+        CoreError: Bad weights, wrong shape/dtype, overlapping ``out``, or non-finite values.
+    """
+    ids = tuple(learner_ids) if learner_ids is not None else tuple(map(str, range(len(vectors))))
+    w, dst = _validated(vectors, weights, ids, rule, out, fragment.size)
+    total = float(w.sum())
+    if total <= 0.0:
+        dst.fill(0.0)
+        why = "no contributions" if not ids else f"all {len(ids)} contributions have zero weight"
+        return MergeResult("no_update", dst, ids, (0.0,) * len(ids), rule, (), 0.0, why)
+    a = w / total
+    with np.errstate(over="ignore", invalid="ignore"):
+        fallback, sq = _merge(
+            vectors, a, _Layout.of(fragment.segments, rule), dst, min_direction_norm
+        )
+    if not math.isfinite(sq):
+        _raise_non_finite(vectors, a, ids)
+    names = tuple(fragment.segments[s].name for s in fallback)
+    shares = ", ".join(f"{i} {x:.3f}" for i, x in zip(ids[:8], a, strict=False))
+    shares += f", +{len(ids) - 8} more" if len(ids) > 8 else ""
+    reason = f"{rule} merge of {len(ids)} contributions ({shares})"
+    n_emb = sum(1 for s in fragment.segments if s.is_embedding)
+    if rule == "rda" and n_emb:
+        reason += f"; {n_emb} embedding segments by weighted mean"
+    if names:
+        reason += f"; weighted mean where directions cancelled: {', '.join(names)}"
+    weights_out = tuple(float(x) for x in a)
+    return MergeResult("merged", dst, ids, weights_out, rule, names, math.sqrt(sq), reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# The merge engine
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    rda: npt.NDArray[np.bool_]  # per segment: merged by RDA
+    pieces: tuple[tuple[int, int, int], ...]  # (start, stop, segment), ≤ CHUNK_ELEMENTS each
+    first: tuple[int, ...]  # pieces of segment s are pieces[first[s] : first[s + 1]]
+
+    @staticmethod
+    def of(segments: Sequence[Segment], rule: Rule) -> _Layout:
+        rda = np.array([rule == "rda" and not s.is_embedding for s in segments], dtype=np.bool_)
+        pieces: list[tuple[int, int, int]] = []
+        first = [0]
+        for i, seg in enumerate(segments):
+            pieces += [
+                (a, min(a + CHUNK_ELEMENTS, seg.stop), i)
+                for a in range(seg.start, seg.stop, CHUNK_ELEMENTS)
+            ]
+            first.append(len(pieces))
+        return _Layout(rda=rda, pieces=tuple(pieces), first=tuple(first))
+
+    def of_segment(self, s: int) -> tuple[tuple[int, int, int], ...]:
+        return self.pieces[self.first[s] : self.first[s + 1]]
+
+
+def _merge(
+    vectors: Sequence[F32], a: F64, layout: _Layout, out: F32, min_dir: float
+) -> tuple[list[int], float]:
+    """Fill ``out``; return (fallback segment indices, ‖out‖², NaN if an input is not finite)."""
+    active = np.flatnonzero(a > 0)
+    vs = [vectors[int(i)] for i in active]
+    aa = a[active]
+    mean_coef = np.repeat(aa[:, None], layout.rda.size, axis=1)  # (M_active, S)
+    if not layout.rda.any():
+        return [], float(_accumulate(out, vs, mean_coef, layout.pieces, layout.rda.size).sum())
+    norms = np.sqrt(np.stack([_sq_norms(v, layout.pieces, layout.rda.size) for v in vs]))
+    if not np.isfinite(norms).all():
+        return [], math.nan
+    inv = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    coef = np.where(layout.rda, aa[:, None] * inv, mean_coef)
+    target = aa @ norms  # r_s = Σ a_m ‖Δ_m,s‖
+    live = aa @ (norms > 0)  # Σ a_m over contributions that are non-zero on s
+    sq = _accumulate(out, vs, coef, layout.pieces, layout.rda.size)  # ‖u_s‖² where RDA
+    fallback: list[int] = []
+    for s in np.flatnonzero(layout.rda & (target > 0)):
+        pieces = layout.of_segment(int(s))
+        if math.sqrt(sq[s]) < min_dir * live[s]:
+            fallback.append(int(s))
+            sq[s] = _accumulate(out, vs, mean_coef, pieces, layout.rda.size)[s]
+        else:
+            scale = np.float32(target[s] / math.sqrt(sq[s]))
+            for start, stop, _ in pieces:
+                np.multiply(out[start:stop], scale, out=out[start:stop])
+            sq[s] = target[s] ** 2
+    return fallback, float(sq.sum())
+
+
+def _accumulate(
+    out: F32, vs: Sequence[F32], coef: F64, pieces: Iterable[tuple[int, int, int]], n_seg: int
+) -> F64:
+    """out[piece] = Σ_m coef[m, segment] · vs[m][piece], piece by piece while it is in cache;
+    returns the squared norm of ``out`` per segment (0 for segments not in ``pieces``)."""
+    scratch = np.empty(CHUNK_ELEMENTS, dtype=np.float32)
+    c32 = coef.astype(np.float32)
+    sq = np.zeros(n_seg, dtype=np.float64)
+    for start, stop, s in pieces:
+        dst, tmp = out[start:stop], scratch[: stop - start]
+        np.multiply(vs[0][start:stop], c32[0, s], out=dst)
+        for m in range(1, len(vs)):
+            np.multiply(vs[m][start:stop], c32[m, s], out=tmp)
+            np.add(dst, tmp, out=dst)
+        sq[s] += _sq(dst)
+    return sq
+
+
+def _sq_norms(v: F32, pieces: Iterable[tuple[int, int, int]], n_seg: int) -> F64:
+    """Squared L2 norm of ``v`` per segment."""
+    sq = np.zeros(n_seg, dtype=np.float64)
+    for start, stop, s in pieces:
+        sq[s] += _sq(v[start:stop])
+    return sq
+
+
+def _sq(x: F32) -> float:
+    """‖x‖² of one piece: an fp32 dot (≤ CHUNK_ELEMENTS terms), redone in fp64 on overflow."""
+    d = float(np.dot(x, x))
+    if not math.isfinite(d):  # fp32 squares overflow above ~1.8e19, or a real NaN/Inf
+        x64 = x.astype(np.float64)
+        d = float(np.dot(x64, x64))
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _counts(values: Sequence[float], what: str) -> F64:
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise CoreError(f"{what} must be finite and ≥ 0, got {list(values)}")
+    return arr
+
+
+def _validated(
+    vectors: Sequence[F32],
+    weights: npt.ArrayLike,
+    ids: Sequence[str],
+    rule: str,
+    out: F32 | None,
+    size: int,
+) -> tuple[F64, F32]:
+    """Checked weights (finite, ≥ 0, one per vector) and the output buffer."""
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.size != len(vectors) or len(ids) != len(vectors):
+        raise CoreError(
+            f"{len(vectors)} vectors, {w.size} weights, {len(ids)} ids: give one of each"
+        )
+    if not np.isfinite(w).all() or (w < 0).any() or not math.isfinite(float(w.sum())):
+        raise CoreError(f"weights must be finite and ≥ 0, got {w.tolist()}")
+    if rule not in ("rda", "mean"):
+        raise CoreError(f"rule must be 'rda' or 'mean', got {rule!r}")
+    for who, v in zip(ids, vectors, strict=True):
+        if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.shape != (size,):
+            got = f"{v.dtype} {v.shape}" if isinstance(v, np.ndarray) else type(v).__name__
+            raise CoreError(f"contribution of {who} must be float32 of shape ({size},), got {got}")
+    if out is None:
+        return w, np.empty(size, dtype=np.float32)
+    if out.dtype != np.float32 or out.shape != (size,):
+        raise CoreError(f"out must be float32 of shape ({size},), got {out.dtype} {out.shape}")
+    if any(np.may_share_memory(out, v) for v in vectors):
+        raise CoreError("out overlaps a contribution; pass a separate buffer")
+    return w, out
+
+
+def _raise_non_finite(vectors: Sequence[F32], a: F64, ids: Sequence[str]) -> NoReturn:
+    for who, v, x in zip(ids, vectors, a, strict=True):
+        if x > 0 and not np.isfinite(v).all():
+            raise CoreError(f"contribution of {who} has NaN or Inf; reject it before merging")
+    raise CoreError("the merged delta overflowed float32; contributions are far too large")
+
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "MIN_DIRECTION_NORM",
+    "ContributionData",
+    "MergeResult",
+    "Rule",
+    "merge_fragment",
+    "merge_weighted",
+    "token_weights",
+    "uniform_weights",
+    "weighted_mean",
+]

@@ -1,0 +1,204 @@
+"""The outer optimizer: SGD with Nesterov momentum on one fragment's global parameters.
+
+DiLoCo (Douillard et al., arXiv 2311.08105) applies Nesterov SGD to the averaged outer gradient;
+Streaming DiLoCo (arXiv 2501.18512) and Decoupled DiLoCo (arXiv 2604.21428, synchronizer step 4)
+do so per fragment p, with the merged pseudo-gradient Δ as the gradient:
+
+    g = Δ + λ·Θ                        (λ = weight_decay, usually 0)
+    b ← g                 on the first step (torch initialises the buffer with the gradient)
+    b ← μ·b + g           afterwards       (dampening 0)
+    Θ ← Θ − lr·(g + μ·b)                  (Nesterov look-ahead)
+
+This is ``torch.optim.SGD(lr=lr, momentum=μ, nesterov=True, weight_decay=λ)`` step for step.
+With μ = 0 this is plain SGD, Θ ← Θ − lr·g, as ``torch.optim.SGD(lr=lr)`` (torch refuses
+``nesterov=True`` without momentum); the buffer is then left alone.
+Units: Θ, Δ and b are in parameter units; lr and μ are dimensionless.
+
+Arithmetic is float32 like torch's, but torch's CPU kernels fuse ``a + α·b`` into one FMA while
+numpy rounds the product first, so the two agree to fp32 rounding (≈1e-7 relative per step), not
+bit for bit. Everything is in place on preallocated arrays, chunk by chunk so the temporaries stay
+in cache. The state (b and the step count) round-trips through bytes or a plain dict for storage
+in Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dd_queue.errors import CoreError
+
+F32 = npt.NDArray[np.float32]
+CHUNK_ELEMENTS = 1 << 16  # 256 KiB of fp32 per temporary: stays in L2
+STATE_FORMAT = "ddq.nesterov.v1"
+_MAGIC = b"DDQN"  # then 3 little-endian uint64: format version, step, number of elements
+_HEADER_BYTES = len(_MAGIC) + 3 * 8
+_LE_F32 = np.dtype("<f4")
+_LE_U64 = np.dtype("<u8")
+
+
+@dataclass(slots=True, eq=False)
+class NesterovState:
+    """Outer-optimizer state of one fragment. Mutable (``nesterov_step`` updates it in place) and
+    compared by identity.
+
+    Attributes:
+        momentum_buffer: b, float32 of the fragment's size.
+        step: Outer steps taken so far (0 = the next step initialises b with the gradient).
+    """
+
+    momentum_buffer: F32
+    step: int = 0
+
+    @classmethod
+    def zeros(cls, size: int) -> NesterovState:
+        """Fresh state for a fragment of ``size`` elements."""
+        if size < 0:
+            raise CoreError(f"fragment size must be ≥ 0, got {size}")
+        return cls(momentum_buffer=np.zeros(size, dtype=np.float32), step=0)
+
+
+def nesterov_step(
+    params: F32,
+    delta: F32,
+    state: NesterovState,
+    *,
+    lr: float,
+    momentum: float,
+    weight_decay: float = 0.0,
+) -> None:
+    """One outer step, in place on ``params`` and ``state`` (formulas in the module doc).
+
+    Args:
+        params: Θ_p, float32, updated in place.
+        delta: The merged pseudo-gradient Δ (read only), same shape.
+        state: Momentum buffer and step count, updated in place.
+        lr: Outer learning rate (≥ 0; DiLoCo used 0.7).
+        momentum: μ in [0, 1) (DiLoCo used 0.9); 0 is plain SGD.
+        weight_decay: λ ≥ 0, added to the gradient as λ·Θ (torch's coupled decay).
+
+    Raises:
+        CoreError: Shapes or dtypes differ, or a hyperparameter is out of range.
+    """
+    _check_step_args(params, delta, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    first = state.step == 0
+    buf = state.momentum_buffer
+    g_tmp = np.empty(min(CHUNK_ELEMENTS, params.size), dtype=np.float32)
+    u_tmp = np.empty_like(g_tmp)
+    for start in range(0, params.size, CHUNK_ELEMENTS):
+        stop = min(start + CHUNK_ELEMENTS, params.size)
+        p, b, n = params[start:stop], buf[start:stop], stop - start
+        g = delta[start:stop]
+        if weight_decay:
+            g = np.add(g, np.multiply(p, weight_decay, out=g_tmp[:n]), out=g_tmp[:n])
+        u = g
+        if momentum:
+            if first:
+                np.copyto(b, g)
+            else:
+                np.multiply(b, momentum, out=b)
+                np.add(b, g, out=b)
+            u = np.add(g, np.multiply(b, momentum, out=u_tmp[:n]), out=u_tmp[:n])
+        np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=p)
+    state.step += 1
+
+
+def state_to_bytes(state: NesterovState) -> bytes:
+    """Serialise: 28-byte header (b"DDQN", then version, step, n as uint64) + n float32, all LE."""
+    buf = state.momentum_buffer
+    header = _MAGIC + np.array([1, state.step, buf.size], dtype=_LE_U64).tobytes()
+    return header + buf.astype(_LE_F32, copy=False).tobytes()
+
+
+def state_from_bytes(data: bytes, *, size: int | None = None) -> NesterovState:
+    """Inverse of :func:`state_to_bytes`; returns a writable copy.
+
+    Args:
+        data: The serialised state.
+        size: Expected fragment size in elements (checked when given).
+
+    Raises:
+        CoreError: Wrong magic or version, truncated data, or a size mismatch.
+    """
+    if len(data) < _HEADER_BYTES or data[: len(_MAGIC)] != _MAGIC:
+        raise CoreError(f"not a {STATE_FORMAT} blob: bad magic or shorter than its header")
+    version, step, n = (int(x) for x in np.frombuffer(data, _LE_U64, 3, len(_MAGIC)))
+    if version != 1:
+        raise CoreError(f"outer state format version {version}; this code reads version 1")
+    if len(data) != _HEADER_BYTES + 4 * n:
+        raise CoreError(
+            f"outer state says {n} elements but holds {len(data) - _HEADER_BYTES} bytes"
+        )
+    buf = np.frombuffer(data, dtype=_LE_F32, count=n, offset=_HEADER_BYTES)
+    return _validated(buf, step, size)
+
+
+def state_to_dict(state: NesterovState) -> dict[str, Any]:
+    """Plain dict (msgpack/JSON-able): format, step, size and the buffer as little-endian bytes."""
+    buf = state.momentum_buffer.astype(_LE_F32, copy=False)
+    return {"format": STATE_FORMAT, "step": state.step, "size": buf.size, "momentum": buf.tobytes()}
+
+
+def state_from_dict(d: dict[str, Any], *, size: int | None = None) -> NesterovState:
+    """Inverse of :func:`state_to_dict`; returns a writable copy.
+
+    Raises:
+        CoreError: Wrong format, missing keys, inconsistent size, or a size mismatch.
+    """
+    try:
+        fmt, step, n, raw = d["format"], d["step"], d["size"], d["momentum"]
+    except (KeyError, TypeError) as exc:
+        raise CoreError(f"outer state dict lacks {exc}; expected format {STATE_FORMAT}") from exc
+    if fmt != STATE_FORMAT or not isinstance(raw, bytes | bytearray | memoryview):
+        raise CoreError(f"outer state has format {fmt!r}; expected {STATE_FORMAT} with bytes")
+    if not isinstance(n, int) or len(raw) != 4 * n:
+        raise CoreError(f"outer state says {n} elements but holds {len(raw)} bytes")
+    return _validated(np.frombuffer(raw, dtype=_LE_F32), step, size)
+
+
+def _validated(buf: npt.NDArray[Any], step: Any, size: int | None) -> NesterovState:
+    if size is not None and buf.size != size:
+        raise CoreError(
+            f"outer state has {buf.size} elements; fragment has {size}. Wrong fragment?"
+        )
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CoreError(f"outer state step must be an integer ≥ 0, got {step!r}")
+    return NesterovState(momentum_buffer=buf.astype(np.float32), step=step)
+
+
+def _check_step_args(
+    params: F32,
+    delta: F32,
+    state: NesterovState,
+    *,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+) -> None:
+    arrays = (params, delta, state.momentum_buffer)
+    if any(a.dtype != np.float32 or a.ndim != 1 for a in arrays):
+        raise CoreError("params, delta and momentum buffer must be flat float32 arrays")
+    if not params.shape == delta.shape == state.momentum_buffer.shape:
+        shapes = [a.shape for a in arrays]
+        raise CoreError(f"params, delta and momentum buffer shapes differ: {shapes}")
+    if not (math.isfinite(lr) and lr >= 0):
+        raise CoreError(f"outer lr must be finite and ≥ 0, got {lr}")
+    if not 0.0 <= momentum < 1.0:
+        raise CoreError(f"outer momentum must be in [0, 1), got {momentum}")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise CoreError(f"outer weight_decay must be finite and ≥ 0, got {weight_decay}")
+
+
+__all__ = [
+    "STATE_FORMAT",
+    "NesterovState",
+    "nesterov_step",
+    "state_from_bytes",
+    "state_from_dict",
+    "state_to_bytes",
+    "state_to_dict",
+]

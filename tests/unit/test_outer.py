@@ -1,0 +1,208 @@
+"""Outer Nesterov step: equality with torch, the exact special cases of algorithm.md, state I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import pytest
+
+from dd_queue.core.fragments import plan_fragments
+from dd_queue.core.merge import ContributionData, Rule, merge_fragment
+from dd_queue.core.outer import (
+    CHUNK_ELEMENTS,
+    NesterovState,
+    nesterov_step,
+    state_from_bytes,
+    state_from_dict,
+    state_to_bytes,
+    state_to_dict,
+)
+from dd_queue.errors import CoreError
+
+# ---------------------------------------------------------------------------------------------
+# (c) Nesterov equals torch.optim.SGD(nesterov=True), step for step
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lr", "momentum", "weight_decay", "size"),
+    [
+        (0.7, 0.9, 0.0, 1000),
+        (0.3, 0.5, 0.01, 257),
+        (1.0, 0.0, 0.0, 100),  # μ = 0: plain SGD
+        (0.7, 0.9, 0.0, 2 * CHUNK_ELEMENTS + 5),  # several chunks
+    ],
+)
+def test_nesterov_matches_torch_sgd_for_100_steps(
+    lr: float, momentum: float, weight_decay: float, size: int
+) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    theta = rng.standard_normal(size).astype(np.float32)
+    param = torch.nn.Parameter(torch.from_numpy(theta.copy()))
+    kwargs = {"momentum": momentum, "nesterov": True} if momentum else {}
+    opt = torch.optim.SGD([param], lr=lr, weight_decay=weight_decay, **kwargs)
+    state = NesterovState.zeros(size)
+    for _ in range(100):
+        delta = (rng.standard_normal(size) * 0.05).astype(np.float32)
+        param.grad = torch.from_numpy(delta.copy())
+        opt.step()
+        nesterov_step(theta, delta, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    ref = param.detach().numpy()
+    # torch fuses a + α·b into one FMA, numpy rounds α·b first: equal to fp32 rounding.
+    np.testing.assert_allclose(theta, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+    assert state.step == 100
+    if momentum:
+        buf = opt.state[param]["momentum_buffer"].numpy()
+        np.testing.assert_allclose(
+            state.momentum_buffer, buf, rtol=1e-6, atol=1e-6 * np.abs(buf).max()
+        )
+
+
+def test_first_step_initialises_the_buffer_with_the_gradient() -> None:
+    theta = np.zeros(3, np.float32)
+    state = NesterovState(momentum_buffer=np.full(3, 5.0, np.float32), step=0)
+    delta = np.array([1.0, 2.0, 3.0], np.float32)
+    nesterov_step(theta, delta, state, lr=0.5, momentum=0.9)
+    np.testing.assert_array_equal(state.momentum_buffer, delta)  # b = Δ, as torch's clone(grad)
+    np.testing.assert_allclose(theta, -0.5 * (delta + 0.9 * delta), rtol=1e-7)
+    nesterov_step(theta, delta, state, lr=0.5, momentum=0.9)
+    np.testing.assert_allclose(state.momentum_buffer, 1.9 * delta, rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) one learner, outer SGD(lr 1, μ 0): the global fragment equals the learner's model
+# ---------------------------------------------------------------------------------------------
+
+
+def _one_learner_rounds(
+    theta_global: np.ndarray, steps: list[np.ndarray], rule: Rule
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    fragment = plan_fragments({"w": (theta_global.size,)}, 1).fragments[0]
+    state = NesterovState.zeros(theta_global.size)
+    learner = theta_global.copy()
+    history = []
+    for version, inner_update in enumerate(steps):
+        learner -= inner_update  # the learner trains (any change of θ will do)
+        delta = theta_global - learner  # Δ = Θ(base) − θ, sent against the current version
+        contrib = ContributionData("L0", delta, tokens=100, steps=4, base_version=version)
+        merged = merge_fragment([contrib], fragment, rule=rule)
+        nesterov_step(theta_global, merged.delta, state, lr=1.0, momentum=0.0)
+        history.append((theta_global.copy(), learner.copy()))
+        learner[:] = theta_global  # the learner receives the new global fragment
+    return history
+
+
+def test_one_learner_with_outer_sgd_1_is_plain_training_bit_for_bit() -> None:
+    # Θ_new = Θ − 1·(Θ − θ). When Θ and θ are within a factor 2 of each other (same sign), Θ − θ
+    # is exact (Sterbenz's lemma) and so is Θ − (Θ − θ) = θ: small training updates meet this.
+    rng = np.random.default_rng(0)
+    theta = (1.0 + rng.random(500)).astype(np.float32)
+    steps = [(rng.standard_normal(500) * 1e-2).astype(np.float32) for _ in range(5)]
+    for global_after, learner in _one_learner_rounds(theta, steps, "mean"):
+        np.testing.assert_array_equal(global_after, learner)
+
+
+@pytest.mark.parametrize("rule", ["mean", "rda"])
+def test_one_learner_with_outer_sgd_1_equals_the_learner_model(rule: Rule) -> None:
+    # Arbitrary values: Θ − θ rounds once (≤ ½ ulp of the difference), then Θ − (Θ − θ) rounds
+    # once more, so the error is within 1 ulp of max(|Θ|, |θ|). RDA with one learner rescales Δ by
+    # ‖Δ‖/‖Δ‖ computed in fp32, adding a relative 1e-7 of Δ.
+    rng = np.random.default_rng(1)
+    theta = rng.standard_normal(500).astype(np.float32)
+    steps = [rng.standard_normal(500).astype(np.float32) for _ in range(5)]
+    ulps = 1 if rule == "mean" else 4
+    prev = theta.copy()
+    for global_after, learner in _one_learner_rounds(theta, steps, rule):
+        bound = ulps * np.spacing(np.maximum(np.abs(prev), np.abs(learner)))
+        assert np.all(np.abs(global_after - learner) <= bound)
+        prev = global_after
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) M learners, equal tokens, weighted mean, outer SGD(lr 1): Θ_new is the mean of the models
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weighting", ["tokens", "uniform"])
+def test_equal_tokens_mean_and_sgd_1_give_the_mean_of_learner_models(
+    weighting: Literal["tokens", "uniform"],
+) -> None:
+    rng = np.random.default_rng(2)
+    plan = plan_fragments({"embed": (30, 4), "w": (50,), "b": (7,)}, 2)
+    for fragment in plan.fragments:
+        theta = rng.standard_normal(fragment.size).astype(np.float32)
+        models = [theta - rng.standard_normal(fragment.size).astype(np.float32) for _ in range(5)]
+        contribs = [
+            ContributionData(f"L{m}", theta - model, tokens=4096, steps=8, base_version=0)
+            for m, model in enumerate(models)
+        ]
+        merged = merge_fragment(contribs, fragment, rule="mean", weighting=weighting)
+        nesterov_step(theta, merged.delta, NesterovState.zeros(fragment.size), lr=1.0, momentum=0.0)
+        expected = np.mean(np.stack(models).astype(np.float64), axis=0)
+        np.testing.assert_allclose(theta, expected, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# State round trips and validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _trained_state(size: int = 10) -> NesterovState:
+    rng = np.random.default_rng(4)
+    theta, state = np.zeros(size, np.float32), NesterovState.zeros(size)
+    for _ in range(3):
+        nesterov_step(
+            theta, rng.standard_normal(size).astype(np.float32), state, lr=0.7, momentum=0.9
+        )
+    return state
+
+
+def test_state_round_trips_through_bytes_and_dict() -> None:
+    state = _trained_state()
+    for back in (
+        state_from_bytes(state_to_bytes(state), size=10),
+        state_from_dict(state_to_dict(state), size=10),
+    ):
+        assert back.step == 3 and np.array_equal(back.momentum_buffer, state.momentum_buffer)
+        assert back.momentum_buffer.flags.writeable and back.momentum_buffer.dtype == np.float32
+    assert len(state_to_bytes(state)) == 28 + 4 * 10
+    empty = NesterovState.zeros(0)
+    assert state_from_bytes(state_to_bytes(empty)).momentum_buffer.size == 0
+
+
+def test_corrupt_or_mismatched_state_is_rejected() -> None:
+    blob = state_to_bytes(_trained_state())
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: state_from_bytes(blob, size=11), "fragment has 11"),
+        (lambda: state_from_bytes(blob[:-1]), "holds"),
+        (lambda: state_from_bytes(b"XXXX" + blob[4:]), "magic"),
+        (lambda: state_from_bytes(blob[:10]), "header"),
+        (lambda: state_from_bytes(blob[:4] + b"\x02" + blob[5:]), "version 2"),
+        (lambda: state_from_dict({"step": 1}), "lacks"),
+        (lambda: state_from_dict(state_to_dict(_trained_state()) | {"format": "x"}), "format"),
+        (lambda: state_from_dict(state_to_dict(_trained_state()) | {"size": 3}), "holds"),
+        (lambda: state_from_dict(state_to_dict(_trained_state()) | {"step": -1}), "step"),
+    ]
+    for load, match in cases:
+        with pytest.raises(CoreError, match=match):
+            load()
+
+
+def test_invalid_step_arguments_raise_core_error() -> None:
+    theta, delta, state = np.zeros(4, np.float32), np.zeros(4, np.float32), NesterovState.zeros(4)
+    with pytest.raises(CoreError, match="shapes differ"):
+        nesterov_step(theta, np.zeros(5, np.float32), state, lr=1.0, momentum=0.9)
+    with pytest.raises(CoreError, match="float32"):
+        nesterov_step(theta.astype(np.float64), delta, state, lr=1.0, momentum=0.9)
+    with pytest.raises(CoreError, match="lr"):
+        nesterov_step(theta, delta, state, lr=-1.0, momentum=0.9)
+    with pytest.raises(CoreError, match="momentum"):
+        nesterov_step(theta, delta, state, lr=1.0, momentum=1.0)
+    with pytest.raises(CoreError, match="weight_decay"):
+        nesterov_step(theta, delta, state, lr=1.0, momentum=0.9, weight_decay=float("nan"))
+    with pytest.raises(CoreError, match="size"):
+        NesterovState.zeros(-1)
+    assert state.step == 0  # nothing moved
