@@ -36,9 +36,11 @@ from pydantic import (
     model_validator,
 )
 
+from dd_queue.core.codec import CodecSpec, DecodeLimits
 from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import ConfigError
+from dd_queue.messages import MessageLimits
 
 ENV_PREFIX = "DDQ__"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -112,9 +114,41 @@ class WireConfig(_Section):
     max_payload_bytes: int = Field(
         2048 * MiB, ge=1024, description="Largest encoded payload accepted before decoding."
     )
+    max_decompressed_bytes: int = Field(
+        8192 * MiB, ge=1024, description="Largest raw codec byte count zstd may produce."
+    )
     max_elements: int = Field(
         1 << 31, ge=1, description="Largest element count of one decoded fragment."
     )
+
+    @model_validator(mode="after")
+    def _check_shuffle(self) -> Self:
+        if self.shuffle and (self.codec not in ("fp32", "bf16") or self.zstd_level == 0):
+            raise ValueError(
+                f"shuffle needs codec fp32 or bf16 and zstd_level >= 1 (got codec {self.codec}, "
+                f"zstd_level {self.zstd_level}); set shuffle: false"
+            )
+        return self
+
+    def codec_spec(self) -> CodecSpec:
+        """The contribution codec as the core codec takes it."""
+        return CodecSpec(
+            name=self.codec,
+            block_size=self.block_size,
+            zstd_level=self.zstd_level,
+            shuffle=self.shuffle,
+        )
+
+    def message_limits(self) -> MessageLimits:
+        """The limits every envelope and payload decode enforces."""
+        return MessageLimits(
+            max_envelope_bytes=self.max_envelope_bytes,
+            tensor=DecodeLimits(
+                max_payload_bytes=self.max_payload_bytes,
+                max_decompressed_bytes=self.max_decompressed_bytes,
+                max_elements=self.max_elements,
+            ),
+        )
 
 
 class ModelConfig(_Section):

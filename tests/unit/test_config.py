@@ -202,3 +202,17 @@ def test_sections_build_the_core_parameters():
     assert policy.grace_gamma == 0.25
     assert policy.round_timeout_s == cfg.synchronizer.round_timeout_s
     assert cfg.membership.params().dead_after_s == cfg.membership.dead_after_s
+
+
+def test_wire_section_builds_codec_and_limits():
+    cfg = validate_config({"wire": {"codec": "bf16", "zstd_level": 3, "shuffle": True}})
+    spec = cfg.wire.codec_spec()
+    assert (spec.name, spec.zstd_level, spec.shuffle) == ("bf16", 3, True)
+    limits = cfg.wire.message_limits()
+    assert limits.max_envelope_bytes == cfg.wire.max_envelope_bytes
+    assert limits.tensor.max_elements == cfg.wire.max_elements
+
+
+def test_shuffle_without_zstd_is_refused():
+    with pytest.raises(ConfigError, match="shuffle needs"):
+        validate_config({"wire": {"codec": "int8", "shuffle": True, "zstd_level": 1}})
