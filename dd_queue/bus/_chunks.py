@@ -1,0 +1,87 @@
+"""Splitting payloads into ≤ chunk-size pieces without copying, and putting them back together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dd_queue.bus.types import BlobData, BlobRef, Buffer
+from dd_queue.errors import BlobMissing, CorruptPayload
+
+
+def _as_byte_view(buffer: Buffer) -> memoryview:
+    view = memoryview(buffer)
+    if view.format == "B" and view.ndim == 1:
+        return view
+    try:
+        return view.cast("B")
+    except TypeError as exc:  # non-contiguous arrays cannot be viewed as flat bytes
+        raise ValueError(
+            "blob buffers must be C-contiguous (pass numpy arrays through np.ascontiguousarray)"
+        ) from exc
+
+
+def split_chunks(data: BlobData, chunk_bytes: int) -> tuple[list[Buffer], int]:
+    """Cut a payload into chunks of at most ``chunk_bytes``.
+
+    A chunk that lies inside one input buffer is a ``memoryview`` slice of it (no copy); only a
+    chunk that straddles buffer boundaries is joined, and then only that chunk is copied.
+
+    Args:
+        data: One buffer or a sequence of buffers, written back to back.
+        chunk_bytes: Largest chunk, in bytes (``>= 1``).
+
+    Returns:
+        ``(chunks, total_bytes)``; an empty payload gives one empty chunk.
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    buffers: Sequence[Buffer] = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    chunks: list[Buffer] = []
+    pieces: list[memoryview] = []
+    filled = 0
+    total = 0
+    for buffer in buffers:
+        view = _as_byte_view(buffer)
+        total += len(view)
+        while len(view):
+            take = min(chunk_bytes - filled, len(view))
+            pieces.append(view[:take])
+            view = view[take:]
+            filled += take
+            if filled == chunk_bytes:
+                chunks.append(_close(pieces))
+                pieces, filled = [], 0
+    if pieces or not chunks:
+        chunks.append(_close(pieces))
+    return chunks, total
+
+
+def _close(pieces: list[memoryview]) -> Buffer:
+    if not pieces:
+        return b""
+    if len(pieces) == 1:
+        return pieces[0]
+    return b"".join(pieces)
+
+
+def join_chunks(ref: BlobRef, chunks: Sequence[bytes | None]) -> bytes:
+    """Reassemble a blob from its chunk values (as read, ``None`` for a missing key).
+
+    Raises:
+        BlobMissing: A chunk key is gone (expired, deleted, or never written).
+        CorruptPayload: The chunks do not add up to ``ref.nbytes``.
+    """
+    missing = [i for i, chunk in enumerate(chunks) if chunk is None]
+    if missing:
+        raise BlobMissing(
+            f"blob {ref.key!r}: chunk(s) {missing} of {ref.n_chunks} missing (expired TTL, "
+            "deleted, or the writer died mid-publish); treat the contribution as lost"
+        )
+    present = [chunk for chunk in chunks if chunk is not None]
+    size = sum(len(chunk) for chunk in present)
+    if size != ref.nbytes:
+        raise CorruptPayload(
+            f"blob {ref.key!r}: chunks hold {size} bytes, the reference says {ref.nbytes}; "
+            "the key was overwritten by another writer"
+        )
+    return present[0] if len(present) == 1 else b"".join(present)

@@ -1,0 +1,294 @@
+"""The ``Bus`` protocol: the low-level operations every process uses to talk through Redis.
+
+Two implementations keep identical semantics and are held to them by one contract suite
+(``tests/integration/test_bus_contract.py``): :class:`~dd_queue.bus.memory.MemoryBus` (in
+process, injected clock) and :class:`~dd_queue.bus.redis_streams.RedisBus` (redis-py).
+
+The bus is payload-agnostic: stream fields are bytes, blobs are bytes. Key names come from
+:mod:`dd_queue.keys` (``bus.keys``); the bus builds none itself except the chunk and fence keys
+that :mod:`dd_queue.keys` derives from a blob or lease key.
+
+Delivery is at-least-once. An entry read through a group stays pending until acked; a consumer
+that dies leaves it there for :meth:`Bus.reclaim`. Ack only after the work the entry fed is
+committed (the synchronizer acks inside its fenced commit), so a crash means a redelivery,
+never a loss. On Redis, a retried append can be duplicated and a retried group read can leave
+an entry pending unseen (the reply was lost): dedupe on content, and reclaim idle entries.
+
+Time units: ``*_ms`` integer milliseconds, ``*_s`` float seconds. ``block_ms`` is wall time:
+``None`` or ``0`` means "do not block"; a bus call never blocks forever.
+Multi-stream group reads need all streams in one Cluster slot on a Redis Cluster (one fragment's
+keys share a hash tag); on a single node any streams work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from dd_queue.bus.types import (
+    BlobData,
+    BlobRef,
+    CommitOp,
+    CommitResult,
+    Entry,
+    HeartbeatInfo,
+    Lease,
+    PendingEntry,
+    PendingSummary,
+    Reclaimed,
+)
+from dd_queue.keys import Keys
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """Streams, consumer groups, blobs, fenced leases and heartbeats of one run."""
+
+    @property
+    def keys(self) -> Keys:
+        """Key builder of this bus's run."""
+        ...
+
+    @property
+    def blob_chunk_bytes(self) -> int:
+        """Largest single value a blob is split into, in bytes."""
+        ...
+
+    # ── streams ───────────────────────────────────────────────────────────────────────────
+    def append(
+        self,
+        stream: str,
+        fields: Mapping[str, bytes],
+        *,
+        maxlen: int | None = None,
+        approximate: bool = True,
+    ) -> str:
+        """Append an entry (``XADD``), trimming to ``maxlen`` entries (``~``: at least that many
+        stay; Redis trims whole nodes only). Returns the new entry's id."""
+        ...
+
+    def trim(self, stream: str, *, maxlen: int, approximate: bool = True) -> int:
+        """Trim a stream to ``maxlen`` entries; returns how many were removed."""
+        ...
+
+    def stream_length(self, stream: str) -> int:
+        """Number of entries in a stream (0 if it does not exist)."""
+        ...
+
+    def ensure_group(self, stream: str, group: str) -> None:
+        """Create ``group`` at id 0, creating the stream too; a no-op if it exists.
+
+        Id 0, not ``$``: after a Redis restart without persistence, entries appended before
+        the group is recreated must still be delivered.
+        """
+        ...
+
+    def read_group(
+        self,
+        streams: str | Sequence[str],
+        group: str,
+        consumer: str,
+        *,
+        count: int = 1,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        """Read new entries for ``consumer`` (``XREADGROUP … >``); they become pending.
+
+        A missing group (or stream) is created at id 0 first, so a restarted Redis is
+        transparent. ``count`` applies per stream. Returns ``[]`` after ``block_ms`` with no
+        entry.
+        """
+        ...
+
+    def read_own_pending(
+        self, stream: str, group: str, consumer: str, *, count: int = 100
+    ) -> list[Entry]:
+        """Re-read ``consumer``'s own pending entries (``XREADGROUP … 0``), e.g. after a
+        restart under a stable consumer name. Increments delivery counts. Trimmed entries come
+        back with empty ``fields`` (``Entry.deleted``); ack them."""
+        ...
+
+    def read(
+        self,
+        stream: str,
+        *,
+        after_id: str = "0-0",
+        count: int = 100,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        """Broadcast read (``XREAD``): entries with id > ``after_id`` (``"$"``: only entries
+        appended after the call). Nothing becomes pending."""
+        ...
+
+    def read_latest(self, stream: str) -> Entry | None:
+        """The newest entry of a stream, or None when it is empty."""
+        ...
+
+    def ack(
+        self, stream: str, group: str, ids: Sequence[str], *, delete_keys: Sequence[str] = ()
+    ) -> int:
+        """Acknowledge entries; returns how many were pending (already-acked ids count 0).
+
+        ``delete_keys`` (e.g. the acked entries' blob chunk keys) are deleted in the same
+        round trip, right after the ack; not atomically with it on Redis.
+        """
+        ...
+
+    def reclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int = 100
+    ) -> Reclaimed:
+        """Move up to ``count`` entries idle ``>= min_idle_ms`` to ``consumer``
+        (``XAUTOCLAIM`` semantics, scanning the whole pending list). Delivery counts
+        increment. Pending entries whose data was trimmed are dropped and reported."""
+        ...
+
+    def pending_summary(self, stream: str, group: str) -> PendingSummary:
+        """Count of pending entries per consumer (``XPENDING`` summary)."""
+        ...
+
+    def pending(
+        self,
+        stream: str,
+        group: str,
+        *,
+        count: int = 100,
+        consumer: str | None = None,
+        min_idle_ms: int = 0,
+    ) -> list[PendingEntry]:
+        """Pending entries in id order with owner, idle time and delivery count."""
+        ...
+
+    def delete_consumer(self, stream: str, group: str, consumer: str) -> int:
+        """Forget a consumer (``XGROUP DELCONSUMER``); returns how many entries it held.
+        Reclaim its entries first: what it held is no longer pending afterwards."""
+        ...
+
+    def dead_letter(
+        self,
+        entry: Entry,
+        *,
+        group: str,
+        dlq: str,
+        reason: str,
+        maxlen: int | None = None,
+    ) -> str:
+        """Copy ``entry`` to stream ``dlq`` with ``reason`` and ack it, in one atomic step.
+
+        The dead-letter entry holds the original fields plus ``ddq.dlq.reason``,
+        ``ddq.dlq.stream``, ``ddq.dlq.id`` and ``ddq.dlq.group``. ``dlq`` must share the
+        entry stream's hash tag (use ``keys.dlq(fragment)``). Returns the new entry's id.
+        """
+        ...
+
+    # ── plain values ──────────────────────────────────────────────────────────────────────
+    def get(self, key: str) -> bytes | None:
+        """Value of a string key, or None if absent or expired."""
+        ...
+
+    def set(self, key: str, value: bytes, *, ttl_s: float | None = None) -> None:
+        """Set a string key, with an expiry when ``ttl_s`` is given."""
+        ...
+
+    def delete(self, keys: Sequence[str]) -> int:
+        """Delete keys of any type (``UNLINK``); returns how many existed."""
+        ...
+
+    # ── blobs ─────────────────────────────────────────────────────────────────────────────
+    def put_blob(self, key: str, data: BlobData, *, ttl_s: float) -> BlobRef:
+        """Store a payload under ``key`` in chunks of ≤ ``blob_chunk_bytes``, each with expiry
+        ``ttl_s``. Buffers are not joined into one copy."""
+        ...
+
+    def append_with_blob(
+        self,
+        stream: str,
+        fields: Mapping[str, bytes],
+        *,
+        blob_key: str,
+        data: BlobData,
+        ttl_s: float,
+        ref_field: str = "blob",
+        maxlen: int | None = None,
+        approximate: bool = True,
+    ) -> tuple[str, BlobRef]:
+        """Store a blob and append an entry referencing it (field ``ref_field`` holds
+        ``BlobRef.to_bytes()``), in one round trip where the backend allows.
+
+        On Redis this is one non-transactional pipeline (the measured fastest write path), so
+        an entry can outlive its blob (TTL, or a crash between the two): readers get
+        :class:`~dd_queue.errors.BlobMissing` and treat the contribution as lost.
+        Returns ``(entry id, blob ref)``.
+        """
+        ...
+
+    def get_blob(self, ref: BlobRef) -> bytes:
+        """Reassemble a blob.
+
+        Raises:
+            BlobMissing: A chunk is gone.
+            CorruptPayload: The chunk sizes do not match the reference.
+        """
+        ...
+
+    def delete_blobs(self, refs: Sequence[BlobRef]) -> int:
+        """Delete every chunk of the blobs; returns how many chunk keys existed."""
+        ...
+
+    # ── leases and fenced commits ─────────────────────────────────────────────────────────
+    def acquire_lease(self, name: str, owner: str, *, ttl_s: float) -> Lease | None:
+        """Take lease ``name`` for ``ttl_s`` if it is free or expired, or already ``owner``'s
+        (a re-acquire fences the owner's earlier incarnation). Each success draws a new,
+        strictly larger fencing token. Returns None while someone else holds it."""
+        ...
+
+    def renew_lease(self, lease: Lease, *, ttl_s: float) -> Lease:
+        """Extend a held lease by ``ttl_s`` from now.
+
+        Raises:
+            LeaseLost: The lease expired or another owner took it.
+        """
+        ...
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Give a lease up if it is still held under this token; returns whether it was."""
+        ...
+
+    def commit(self, lease: Lease, ops: Sequence[CommitOp]) -> CommitResult:
+        """Apply ``ops`` atomically, only if ``lease`` is still current.
+
+        Everything is validated before the first write (lease token, key types), so a refused
+        commit applies nothing. All keys must share the lease key's hash tag (one fragment) so
+        the commit stays one script on a Redis Cluster.
+
+        Raises:
+            LeaseLost: Another owner holds the lease or it expired; nothing was applied.
+            BusError: An op targets a key of the wrong type; nothing was applied.
+        """
+        ...
+
+    # ── heartbeats ────────────────────────────────────────────────────────────────────────
+    def server_time_s(self) -> float:
+        """The bus's clock in seconds (Redis ``TIME``; the injected clock for MemoryBus)."""
+        ...
+
+    def heartbeat(self, member: str, payload: bytes, *, ttl_s: float) -> None:
+        """Record that ``member`` is alive, stamped with the bus's clock; it disappears from
+        :meth:`heartbeats` ``ttl_s`` after its last beat. On Redis this uses its own
+        connection, so big transfers never delay it."""
+        ...
+
+    def heartbeats(self) -> dict[str, HeartbeatInfo]:
+        """Every live member → ``(payload, age_s)``, ages measured on the bus's one clock.
+        Expired members are removed."""
+        ...
+
+    def remove_heartbeat(self, member: str) -> bool:
+        """Remove a member (clean shutdown); returns whether it was present."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the bus must not be used afterwards."""
+        ...
+
+
+__all__ = ["Bus"]

@@ -1,0 +1,365 @@
+"""``RedisBus``: the ``Bus`` protocol on Redis Streams through redis-py (Redis >= 7.0, Valkey).
+
+Facts that shape it (measured in research/redis-pipeline.md):
+
+* Payloads live in their own string keys (``SET … PX``), referenced from small stream entries;
+  a contribution is written as one non-transactional pipeline (chunks first, then the XADD),
+  the fastest measured write path. A reference can outlive its blob (TTL, writer crash between
+  the two writes, a Redis restart); readers then get ``BlobMissing`` and count the contribution
+  as lost.
+* Separate clients for blocking reads, payloads, small commands and heartbeats (see
+  ``_redis_conn``), each with a socket timeout above the longest ``BLOCK``.
+* A restart without persistence drops streams and groups: group commands that hit NOGROUP
+  recreate the group at id 0 and retry once. Lua scripts are re-sent on NOSCRIPT by redis-py.
+* Fenced commits, leases, dead-lettering and heartbeats are Lua scripts (``_scripts``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+import redis
+from redis.typing import EncodableT, KeyT, StreamIdT
+
+from dd_queue.bus import _replies
+from dd_queue.bus._redis_conn import Connections, NoGroup, RedisOptions
+from dd_queue.bus._redis_kv import RedisKeyValueOps, encode_fields
+from dd_queue.bus.types import (
+    Entry,
+    PendingEntry,
+    PendingSummary,
+    Reclaimed,
+    check_same_slot,
+    dead_letter_fields,
+)
+from dd_queue.clock import Clock, SystemClock
+from dd_queue.keys import Keys
+
+T = TypeVar("T")
+log = logging.getLogger("dd_queue.bus")
+
+
+class RedisBus(RedisKeyValueOps):
+    """The bus on a Redis server.
+
+    Args:
+        url: ``redis://host:port/db`` of a Redis >= 7.0 or Valkey server.
+        run_id: Namespace for ``keys``.
+        options: Timeouts, retry bound and chunk size (defaults: :class:`RedisOptions`).
+        clock: Local clock for lease expiry estimates (default: monotonic system clock).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        *,
+        options: RedisOptions | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        opts = options or RedisOptions()
+        self._setup(run_id, Connections.from_url(url, opts), opts, clock)
+
+    @classmethod
+    def from_clients(
+        cls,
+        run_id: str,
+        client: redis.Redis,
+        *,
+        reader: redis.Redis | None = None,
+        blobs: redis.Redis | None = None,
+        heartbeat: redis.Redis | None = None,
+        options: RedisOptions | None = None,
+        clock: Clock | None = None,
+    ) -> RedisBus:
+        """A bus over given clients (e.g. ``fakeredis.FakeRedis``); it closes them on close.
+
+        Args:
+            run_id: Namespace for ``keys``.
+            client: Client for small commands; also the default for the other roles.
+            reader: Client for blocking reads.
+            blobs: Client for payloads.
+            heartbeat: Client for heartbeats.
+            options: As for the constructor (socket options do not apply to given clients).
+            clock: As for the constructor.
+        """
+        opts = options or RedisOptions()
+        conns = Connections(
+            control=client,
+            reader=reader or client,
+            blobs=blobs or client,
+            heartbeat=heartbeat or client,
+            options=opts,
+            where="(injected client)",
+        )
+        bus = cls.__new__(cls)
+        bus._setup(run_id, conns, opts, clock)
+        return bus
+
+    def _setup(
+        self, run_id: str, conns: Connections, options: RedisOptions, clock: Clock | None
+    ) -> None:
+        self._keys = Keys(run_id)
+        self._conn = conns
+        self._options = options
+        self._clock: Clock = clock or SystemClock()
+        self._register_scripts()
+
+    @property
+    def keys(self) -> Keys:
+        return self._keys
+
+    @property
+    def blob_chunk_bytes(self) -> int:
+        return self._options.blob_chunk_bytes
+
+    # ── helpers ───────────────────────────────────────────────────────────────────────────
+    def _with_group(self, streams: Sequence[str], group: str, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return self._conn.call(what, fn)
+        except NoGroup:
+            # Redis restarted without persistence (or the stream was deleted): recreate the
+            # group at id 0 so entries appended since the restart are still delivered.
+            log.warning("bus.group_recreated %s on %s", group, list(streams))
+            for stream in streams:
+                self.ensure_group(stream, group)
+            return self._conn.call(what, fn)
+
+    def _blocking(self, block_ms: int | None, once: Callable[[int | None], list[T]]) -> list[T]:
+        if not block_ms:
+            return once(None)
+        # One BLOCK never exceeds max_block_ms, which stays below the socket timeout: a dead
+        # server is then a socket error (retried, bounded), never a silent empty read.
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            found = once(max(1, min(remaining_ms, self._options.max_block_ms)))
+            if found or remaining_ms <= self._options.max_block_ms:
+                return found
+
+    # ── streams ───────────────────────────────────────────────────────────────────────────
+    def append(
+        self,
+        stream: str,
+        fields: Mapping[str, bytes],
+        *,
+        maxlen: int | None = None,
+        approximate: bool = True,
+    ) -> str:
+        raw = self._conn.call(
+            "append",
+            lambda: self._conn.control.xadd(
+                stream, encode_fields(fields), maxlen=maxlen, approximate=approximate
+            ),
+        )
+        return _replies.as_str(raw, "XADD")
+
+    def trim(self, stream: str, *, maxlen: int, approximate: bool = True) -> int:
+        raw = self._conn.call(
+            "trim", lambda: self._conn.control.xtrim(stream, maxlen, approximate=approximate)
+        )
+        return _replies.as_int(raw, "XTRIM")
+
+    def stream_length(self, stream: str) -> int:
+        return _replies.as_int(self._conn.call("xlen", lambda: self._conn.control.xlen(stream)))
+
+    def ensure_group(self, stream: str, group: str) -> None:
+        def create() -> None:
+            try:
+                self._conn.control.xgroup_create(stream, group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if not str(exc).startswith("BUSYGROUP"):
+                    raise
+
+        self._conn.call("ensure_group", create)
+
+    def read_group(
+        self,
+        streams: str | Sequence[str],
+        group: str,
+        consumer: str,
+        *,
+        count: int = 1,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        names = [streams] if isinstance(streams, str) else list(streams)
+        wanted: dict[KeyT, StreamIdT] = dict.fromkeys(names, ">")
+
+        def once(block: int | None) -> list[Entry]:
+            raw = self._with_group(
+                names,
+                group,
+                "read_group",
+                lambda: self._conn.reader.xreadgroup(
+                    group, consumer, wanted, count=count, block=block
+                ),
+            )
+            return _replies.xread(raw, delivery_count=1)
+
+        return self._blocking(block_ms, once)
+
+    def read_own_pending(
+        self, stream: str, group: str, consumer: str, *, count: int = 100
+    ) -> list[Entry]:
+        raw = self._with_group(
+            [stream],
+            group,
+            "read_own_pending",
+            lambda: self._conn.control.xreadgroup(group, consumer, {stream: "0"}, count=count),
+        )
+        found = _replies.xread(raw, delivery_count=0)
+        counts = self._delivery_counts(stream, group, [e.id for e in found])
+        return [Entry(e.stream, e.id, e.fields, counts.get(e.id, 1)) for e in found]
+
+    def _delivery_counts(self, stream: str, group: str, ids: Sequence[str]) -> dict[str, int]:
+        if not ids:
+            return {}
+
+        def fetch() -> list[object]:
+            with self._conn.control.pipeline(transaction=False) as pipe:
+                for entry_id in ids:
+                    pipe.xpending_range(stream, group, entry_id, entry_id, 1)
+                return pipe.execute()
+
+        rows = [
+            row for raw in self._conn.call("pending", fetch) for row in _replies.pending_range(raw)
+        ]
+        return {row.id: row.delivery_count for row in rows}
+
+    def read(
+        self,
+        stream: str,
+        *,
+        after_id: str = "0-0",
+        count: int = 100,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        if after_id == "$":  # pin "now" once, so split BLOCKs miss nothing in between
+            latest = self.read_latest(stream)
+            after_id = latest.id if latest else "0-0"
+        start: dict[KeyT, StreamIdT] = {stream: after_id}
+
+        def once(block: int | None) -> list[Entry]:
+            raw = self._conn.call(
+                "read", lambda: self._conn.reader.xread(start, count=count, block=block)
+            )
+            return _replies.xread(raw, delivery_count=0)
+
+        return self._blocking(block_ms, once)
+
+    def read_latest(self, stream: str) -> Entry | None:
+        raw = self._conn.call("read_latest", lambda: self._conn.control.xrevrange(stream, count=1))
+        found = _replies.entries(stream, raw, 0)
+        return found[0] if found else None
+
+    def ack(
+        self, stream: str, group: str, ids: Sequence[str], *, delete_keys: Sequence[str] = ()
+    ) -> int:
+        if not ids and not delete_keys:
+            return 0
+
+        def send() -> list[object]:
+            with self._conn.control.pipeline(transaction=False) as pipe:
+                if ids:
+                    pipe.xack(stream, group, *ids)
+                for key in delete_keys:  # one key per UNLINK: stays valid on a Cluster
+                    pipe.unlink(key)
+                return pipe.execute()
+
+        results = self._conn.call("ack", send)
+        return _replies.as_int(results[0]) if ids else 0
+
+    def reclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int = 100
+    ) -> Reclaimed:
+        claimed: list[Entry] = []
+        deleted: list[str] = []
+        cursor = "0-0"
+        while len(claimed) < count:
+            raw = self._autoclaim(
+                stream, group, consumer, min_idle_ms, cursor, count - len(claimed)
+            )
+            cursor, got, gone = _replies.xautoclaim(stream, raw)
+            claimed += got
+            deleted += gone
+            if cursor == "0-0":
+                break
+        if deleted:  # 7.x already dropped them; Redis 6.2 keeps them pending until acked
+            self._conn.call("ack", lambda: self._conn.control.xack(stream, group, *deleted))
+        counts = self._delivery_counts(stream, group, [e.id for e in claimed])
+        entries = [Entry(e.stream, e.id, e.fields, counts.get(e.id, 1)) for e in claimed]
+        return Reclaimed(entries=entries, deleted_ids=deleted)
+
+    def _autoclaim(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, start: str, count: int
+    ) -> object:
+        return self._with_group(
+            [stream],
+            group,
+            "reclaim",
+            lambda: self._conn.control.xautoclaim(
+                stream, group, consumer, min_idle_ms, start_id=start, count=count
+            ),
+        )
+
+    def pending_summary(self, stream: str, group: str) -> PendingSummary:
+        raw = self._with_group(
+            [stream], group, "pending_summary", lambda: self._conn.control.xpending(stream, group)
+        )
+        return _replies.pending_summary(raw)
+
+    def pending(
+        self,
+        stream: str,
+        group: str,
+        *,
+        count: int = 100,
+        consumer: str | None = None,
+        min_idle_ms: int = 0,
+    ) -> list[PendingEntry]:
+        raw = self._with_group(
+            [stream],
+            group,
+            "pending",
+            lambda: self._conn.control.xpending_range(
+                stream, group, "-", "+", count, consumername=consumer, idle=min_idle_ms or None
+            ),
+        )
+        return _replies.pending_range(raw)
+
+    def delete_consumer(self, stream: str, group: str, consumer: str) -> int:
+        raw = self._with_group(
+            [stream],
+            group,
+            "delete_consumer",
+            lambda: self._conn.control.xgroup_delconsumer(stream, group, consumer),
+        )
+        return _replies.as_int(raw)
+
+    def dead_letter(
+        self,
+        entry: Entry,
+        *,
+        group: str,
+        dlq: str,
+        reason: str,
+        maxlen: int | None = None,
+    ) -> str:
+        check_same_slot(entry.stream, [dlq])
+        fields = {**entry.fields, **dead_letter_fields(entry, group, reason)}
+        args: list[EncodableT] = [group, entry.id, "" if maxlen is None else maxlen]
+        for name, value in fields.items():
+            args += [name, value]
+        raw = self._conn.call(
+            "dead_letter", lambda: self._dlq_script(keys=[entry.stream, dlq], args=args)
+        )
+        return _replies.as_str(raw, "dead_letter")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+__all__ = ["RedisBus", "RedisOptions"]

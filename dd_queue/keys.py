@@ -1,0 +1,207 @@
+"""Every Redis key, stream and group name of dd_queue, built in this one module.
+
+All keys start with ``ddq:<run_id>:``. Keys of one fragment carry a Redis Cluster hash tag naming
+the fragment, ``{<run_id>.f<k>}``, so they share one slot: a round's fenced commit (one Lua
+script) and the dead-letter move touch only those keys and stay single-shard on a Cluster. Only
+the first ``{...}`` of a key counts as its tag, so the run id alone is never braced (that would
+put a whole run on one shard). Run-wide keys that a script writes together (heartbeats) share the
+tag ``{<run_id>.hb}``.
+
+Key table (``R`` = run id, ``k`` = fragment id, ``F`` = ``ddq:R:{R.fk}:``):
+
+=====================================  ======  =================  ==================================
+key                                    type    written by         content
+=====================================  ======  =================  ==================================
+``F up``                               stream  learners           one small entry per contribution
+                                                                  (metadata + blob reference);
+                                                                  read by group ``synchronizers``
+``F blob:up:<round>:<learner>``        string  learners           contribution payload, chunk 0
+                                                                  (``SET … PX``)
+``<blob key>:c<i>``                    string  blob writer        payload chunk ``i ≥ 1`` (same tag)
+``F global:<version>:t<token>``        string  synchronizer       global fragment Θ_p at a version;
+                                                                  the lease token in the name makes
+                                                                  a stale holder's staging harmless
+``F momentum:<version>:t<token>``      string  synchronizer       outer Nesterov momentum
+``F state``                            string  synchronizer       current version + blob refs,
+                                                                  written only by a fenced commit
+``F down``                             stream  synchronizer       one entry per global version
+                                                                  (broadcast; read with ``XREAD``)
+``F rounds``                           stream  synchronizer       round records, in the commit
+``F dlq``                              stream  synchronizer       dead-lettered contributions
+``F lease``                            string  synchronizer       ``<token>:<owner>`` with ``PX``
+``F lease:fence``                      string  lease acquire      fencing counter (``INCR``)
+``ddq:R:{R.hb}:seen``                  zset    every process      member → last beat (server ms)
+``ddq:R:{R.hb}:expiry``                zset    every process      member → expiry (server ms)
+``ddq:R:{R.hb}:data``                  hash    every process      member → heartbeat payload
+``ddq:R:control:<target>``             stream  control plane      fault / operator commands
+``ddq:R:events``                       stream  everyone           dashboard event log
+=====================================  ======  =================  ==================================
+
+Group name: ``synchronizers`` (:data:`SYNC_GROUP`) on every ``up`` stream.
+
+Identifiers that become part of a key (run id, learner id, command target, heartbeat member) must
+match ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``: no braces (they would move the hash tag), no colons
+(they separate key parts).
+"""
+
+from __future__ import annotations
+
+import re
+
+from dd_queue.errors import ConfigError
+
+SYNC_GROUP = "synchronizers"
+"""Consumer group of the synchronizers on every fragment's ``up`` stream."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return ``value`` if it is safe inside a key, else raise.
+
+    Args:
+        kind: What the value names, for the message (``"run_id"``, ``"learner_id"``).
+        value: The identifier.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        ConfigError: ``value`` is not 1-64 of letters, digits, ``_ . -``.
+    """
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigError(
+            f"{kind} {value!r} must be 1-64 characters of letters, digits, '_', '.', '-', "
+            "starting with a letter or digit (no braces or colons: it becomes part of Redis keys)"
+        )
+    return value
+
+
+def _check_int(kind: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{kind} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def blob_chunk_key(blob_key: str, index: int) -> str:
+    """Key of chunk ``index`` of a blob; chunk 0 is the blob key itself.
+
+    Chunk keys extend the blob key, so they keep its hash tag (same Cluster slot).
+
+    Args:
+        blob_key: The blob's key (chunk 0).
+        index: Chunk number, ``>= 0``.
+    """
+    return blob_key if _check_int("chunk index", index) == 0 else f"{blob_key}:c{index}"
+
+
+def fence_key(lease_key: str) -> str:
+    """Key of the fencing-token counter that belongs to a lease key (same hash tag)."""
+    return f"{lease_key}:fence"
+
+
+def hash_tag(key: str) -> str | None:
+    """The Redis Cluster hash tag of ``key`` (text inside the first non-empty ``{...}``)."""
+    start = key.find("{")
+    if start < 0:
+        return None
+    end = key.find("}", start + 1)
+    if end <= start + 1:
+        return None
+    return key[start + 1 : end]
+
+
+class Keys:
+    """Builds the keys of one run. See the module docstring for the table.
+
+    Args:
+        run_id: The run's namespace; validated by :func:`check_name`.
+
+    Raises:
+        ConfigError: ``run_id`` is not a safe identifier.
+    """
+
+    __slots__ = ("prefix", "run_id")
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = check_name("run_id", run_id)
+        self.prefix = f"ddq:{run_id}:"
+
+    def __repr__(self) -> str:
+        return f"Keys({self.run_id!r})"
+
+    # ── per fragment (hash tag {<run>.f<k>}) ────────────────────────────────────────────────
+    def fragment_tag(self, fragment_id: int) -> str:
+        """``{<run>.f<k>}``: the Cluster hash tag shared by every key of one fragment."""
+        return "{" + f"{self.run_id}.f{_check_int('fragment_id', fragment_id)}" + "}"
+
+    def _fragment(self, fragment_id: int, suffix: str) -> str:
+        return f"{self.prefix}{self.fragment_tag(fragment_id)}:{suffix}"
+
+    def up(self, fragment_id: int) -> str:
+        """Contribution stream of a fragment (read by group :data:`SYNC_GROUP`)."""
+        return self._fragment(fragment_id, "up")
+
+    def up_blob(self, fragment_id: int, round_id: int, learner_id: str) -> str:
+        """Payload blob of one contribution (chunk 0; see :func:`blob_chunk_key`)."""
+        round_id = _check_int("round_id", round_id)
+        return self._fragment(
+            fragment_id, f"blob:up:{round_id}:{check_name('learner_id', learner_id)}"
+        )
+
+    def global_blob(self, fragment_id: int, version: int, token: int) -> str:
+        """Global fragment Θ_p at ``version``, staged by the lease holder with fencing ``token``."""
+        version, token = _check_int("version", version), _check_int("token", token)
+        return self._fragment(fragment_id, f"global:{version}:t{token}")
+
+    def momentum_blob(self, fragment_id: int, version: int, token: int) -> str:
+        """Outer momentum after ``version``, staged by the holder of fencing ``token``."""
+        version, token = _check_int("version", version), _check_int("token", token)
+        return self._fragment(fragment_id, f"momentum:{version}:t{token}")
+
+    def state(self, fragment_id: int) -> str:
+        """Synchronizer state of a fragment (version + blob refs), written by fenced commits."""
+        return self._fragment(fragment_id, "state")
+
+    def down(self, fragment_id: int) -> str:
+        """Global-version notification stream of a fragment (broadcast reads)."""
+        return self._fragment(fragment_id, "down")
+
+    def rounds(self, fragment_id: int) -> str:
+        """Round-record stream of a fragment (appended inside the round's commit)."""
+        return self._fragment(fragment_id, "rounds")
+
+    def dlq(self, fragment_id: int) -> str:
+        """Dead-letter stream of a fragment's contributions."""
+        return self._fragment(fragment_id, "dlq")
+
+    def lease(self, fragment_id: int) -> str:
+        """Lease key of a fragment; its fencing counter is :func:`fence_key` of it."""
+        return self._fragment(fragment_id, "lease")
+
+    # ── run-wide ────────────────────────────────────────────────────────────────────────────
+    def _heartbeat(self, suffix: str) -> str:
+        return f"{self.prefix}" + "{" + f"{self.run_id}.hb" + "}" + f":{suffix}"
+
+    def heartbeat_seen(self) -> str:
+        """Sorted set: member → server time of its last heartbeat (ms)."""
+        return self._heartbeat("seen")
+
+    def heartbeat_expiry(self) -> str:
+        """Sorted set: member → server time its heartbeat expires (ms)."""
+        return self._heartbeat("expiry")
+
+    def heartbeat_data(self) -> str:
+        """Hash: member → payload of its last heartbeat."""
+        return self._heartbeat("data")
+
+    def control(self, target: str) -> str:
+        """Command stream of one target (a learner id, ``synchronizer``, ``all``)."""
+        return f"{self.prefix}control:{check_name('target', target)}"
+
+    def events(self) -> str:
+        """Run-wide event stream shown on the dashboard."""
+        return f"{self.prefix}events"
+
+
+__all__ = ["SYNC_GROUP", "Keys", "blob_chunk_key", "check_name", "fence_key", "hash_tag"]

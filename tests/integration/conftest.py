@@ -1,0 +1,137 @@
+"""Integration fixtures: a private redis-server per session, and the three buses of the contract.
+
+The server is ours alone (free loopback port, no persistence), so tests may flush it between
+tests. Without ``redis-server`` the tests that need it skip locally and fail under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import fakeredis
+import pytest
+import redis
+
+from dd_queue.bus import Bus, MemoryBus, RedisBus, RedisOptions
+from dd_queue.clock import FakeClock
+from tests.redisproc import RedisProcess, redis_server_path
+
+CHUNK_BYTES = 1024
+"""Tiny blob chunks, so chunking is exercised with small payloads."""
+
+
+def require_redis_server() -> None:
+    """Skip (locally) or fail (``CI=true``) when redis-server is not installed."""
+    if redis_server_path() is not None:
+        return
+    message = "redis-server is not installed (apt-get install redis-server)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message}; CI must run the integration tier against a real server")
+    pytest.skip(message)
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str = "condition") -> None:
+    """Poll ``predicate`` until it is truthy; fail after ``timeout_s`` (no bare sleeps)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    """One private redis-server for the whole session."""
+    require_redis_server()
+    with RedisProcess() as server:
+        yield server
+
+
+@dataclass
+class BusCase:
+    """A bus under test plus how time passes for it.
+
+    ``clock`` is a FakeClock for MemoryBus (time moves only when told) and None for the Redis
+    buses, whose idle times and TTLs follow real time.
+    """
+
+    kind: str
+    bus: Bus
+    clock: FakeClock | None
+
+    def eventually(self, predicate: Callable[[], object], after_s: float, what: str) -> None:
+        """Assert ``predicate`` becomes true once ``after_s`` of bus time has passed.
+
+        MemoryBus: advance the fake clock by ``after_s`` and check once. Redis: poll with a
+        deadline of ``after_s`` plus a margin.
+        """
+        if self.clock is not None:
+            self.clock.advance(after_s)
+            assert predicate(), what
+        else:
+            wait_until(predicate, after_s + 5.0, what)
+
+
+def _fakeredis_bus(run_id: str) -> RedisBus:
+    server = fakeredis.FakeServer()
+    control, reader, blobs, beat = (fakeredis.FakeRedis(server=server) for _ in range(4))
+    return RedisBus.from_clients(
+        run_id,
+        control,
+        reader=reader,
+        blobs=blobs,
+        heartbeat=beat,
+        options=RedisOptions(blob_chunk_bytes=CHUNK_BYTES, unavailable_after_s=5.0),
+    )
+
+
+def _flush(server: RedisProcess) -> None:
+    client = server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+@pytest.fixture(params=["memory", "fakeredis", "redis"])
+def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
+    """The same bus contract on MemoryBus, RedisBus over fakeredis, RedisBus over redis-server."""
+    run_id = f"t{uuid.uuid4().hex[:8]}"
+    if request.param == "memory":
+        clock = FakeClock(1000.0)
+        case = BusCase(
+            "memory", MemoryBus(run_id, clock=clock, blob_chunk_bytes=CHUNK_BYTES), clock
+        )
+    elif request.param == "fakeredis":
+        case = BusCase("fakeredis", _fakeredis_bus(run_id), None)
+    else:
+        server: RedisProcess = request.getfixturevalue("redis_server")
+        _flush(server)
+        options = RedisOptions(blob_chunk_bytes=CHUNK_BYTES, unavailable_after_s=5.0)
+        case = BusCase("redis", RedisBus(server.url, run_id, options=options), None)
+    try:
+        yield case
+    finally:
+        case.bus.close()
+
+
+@pytest.fixture
+def private_server() -> Iterator[RedisProcess]:
+    """A fresh redis-server of this test's own, free to be killed and restarted."""
+    require_redis_server()
+    with RedisProcess() as server:
+        yield server
+
+
+@pytest.fixture
+def raw_client(redis_server: RedisProcess) -> Iterator[redis.Redis]:
+    """A plain client of the session server (for inspecting what the bus wrote)."""
+    client = redis_server.client()
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,0 +1,678 @@
+"""One contract, three buses: MemoryBus, RedisBus on fakeredis, RedisBus on a real redis-server.
+
+Every test here runs on all three (fixture ``bus_case``); a difference between them is a bug.
+Waiting is done with events or with polling against a deadline, never with bare sleeps; time
+thresholds (idle, TTL) are parameters, driven by a FakeClock on MemoryBus.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from dd_queue.bus import (
+    AckOp,
+    AppendOp,
+    BlobRef,
+    Bus,
+    CommitOp,
+    DeleteOp,
+    Entry,
+    SetOp,
+    ops,
+)
+from dd_queue.errors import BlobMissing, BusError, ConfigError, CorruptPayload, LeaseLost
+from dd_queue.keys import SYNC_GROUP, Keys, blob_chunk_key, fence_key, hash_tag
+from tests.integration.conftest import CHUNK_BYTES, BusCase
+
+G = SYNC_GROUP
+
+
+def _ids(entries: list[Entry]) -> list[str]:
+    return [e.id for e in entries]
+
+
+# ── streams and groups ──────────────────────────────────────────────────────────────────────
+
+
+def test_bus_satisfies_protocol(bus_case: BusCase) -> None:
+    assert isinstance(bus_case.bus, Bus)
+
+
+def test_append_read_group_ack(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    bus.ensure_group(up, G)
+    first = bus.append(up, {"m": b"one"})
+    second = bus.append(up, {"m": b"two", "x": b"\x00\xff"})
+    got = bus.read_group(up, G, "c1", count=10)
+    assert _ids(got) == [first, second]
+    assert [dict(e.fields) for e in got] == [{"m": b"one"}, {"m": b"two", "x": b"\x00\xff"}]
+    assert all(e.stream == up and e.delivery_count == 1 for e in got)
+    assert bus.read_group(up, G, "c1", count=10) == []  # delivered once per group
+    assert bus.pending_summary(up, G).count == 2
+    assert bus.ack(up, G, [first, second]) == 2
+    assert bus.ack(up, G, [first]) == 0
+    summary = bus.pending_summary(up, G)
+    assert (summary.count, summary.min_id, summary.consumers) == (0, None, {})
+    assert bus.stream_length(up) == 2  # acked entries stay until trimmed
+
+
+def test_read_group_count_is_per_call(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": str(i).encode()}) for i in range(5)]
+    assert _ids(bus.read_group(up, G, "c1", count=2)) == ids[:2]
+    assert _ids(bus.read_group(up, G, "c2", count=10)) == ids[2:]
+
+
+def test_read_group_over_several_streams(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, down = bus.keys.up(3), bus.keys.down(3)  # same hash tag: one slot on a Cluster
+    a = bus.append(up, {"k": b"a"})
+    b = bus.append(down, {"k": b"b"})
+    got = bus.read_group([up, down], G, "c1", count=10)
+    assert {(e.stream, e.id) for e in got} == {(up, a), (down, b)}
+
+
+def test_ensure_group_is_idempotent_and_starts_at_zero(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    early = bus.append(up, {"m": b"before the group"})
+    bus.ensure_group(up, G)
+    bus.ensure_group(up, G)
+    assert _ids(bus.read_group(up, G, "c1", count=10)) == [early]
+
+
+def test_read_group_recreates_a_missing_group(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    bus.append(up, {"m": b"old"})
+    bus.read_group(up, G, "c1")
+    assert bus.delete([up]) == 1  # what a restart without persistence looks like
+    assert bus.read_group(up, G, "c1") == []
+    new = bus.append(up, {"m": b"new"})
+    assert _ids(bus.read_group(up, G, "c1")) == [new]
+
+
+def test_blocking_read_group_wakes_on_append(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    bus.ensure_group(up, G)
+    started, result = threading.Event(), []
+
+    def reader() -> None:
+        started.set()
+        result.extend(bus.read_group(up, G, "c1", block_ms=10_000))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert started.wait(5)
+    entry_id = bus.append(up, {"m": b"wake"})
+    thread.join(timeout=8)  # well below block_ms: it woke on the append
+    assert not thread.is_alive()
+    assert _ids(result) == [entry_id]
+
+
+def test_blocking_read_group_returns_empty_after_timeout(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    assert bus.read_group(up, G, "c1", block_ms=50) == []
+    assert bus.read_group(up, G, "c1", block_ms=None) == []
+
+
+def test_broadcast_read_from_an_id_and_latest(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    down = bus.keys.down(1)
+    assert bus.read_latest(down) is None
+    assert bus.read(down) == []
+    ids = [bus.append(down, {"v": str(v).encode()}) for v in range(3)]
+    assert _ids(bus.read(down)) == ids
+    assert _ids(bus.read(down, after_id=ids[0])) == ids[1:]
+    assert _ids(bus.read(down, after_id=ids[0], count=1)) == ids[1:2]
+    latest = bus.read_latest(down)
+    assert latest is not None and latest.id == ids[-1] and latest.fields["v"] == b"2"
+    assert all(e.delivery_count == 0 for e in bus.read(down))
+    assert bus.read(down, after_id="$", block_ms=30) == []
+
+
+def test_blocking_broadcast_read_wakes_on_append(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    down = bus.keys.down(1)
+    bus.append(down, {"v": b"old"})
+    assert bus.read(down, after_id="$", block_ms=30) == []  # "$": only what comes later
+    latest = bus.read_latest(down)
+    assert latest is not None
+    started, result = threading.Event(), []
+
+    def reader() -> None:
+        started.set()
+        result.extend(bus.read(down, after_id=latest.id, block_ms=10_000))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert started.wait(5)
+    new = bus.append(down, {"v": b"new"})
+    thread.join(timeout=8)
+    assert not thread.is_alive()
+    assert [(e.id, e.fields["v"]) for e in result] == [(new, b"new")]
+
+
+def test_concurrent_producers_and_consumers_see_each_entry_once(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    bus.ensure_group(up, G)
+    n_producers, per_producer = 3, 40
+    received: list[Entry] = []
+    lock, done = threading.Lock(), threading.Event()
+
+    def produce(p: int) -> None:
+        for i in range(per_producer):
+            bus.append(up, {"p": str(p).encode(), "i": str(i).encode()})
+
+    def consume(name: str) -> None:
+        while not done.is_set():
+            got = bus.read_group(up, G, name, count=7, block_ms=50)
+            bus.ack(up, G, _ids(got))
+            with lock:
+                received.extend(got)
+                if len(received) >= n_producers * per_producer:
+                    done.set()
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(n_producers)]
+    threads += [threading.Thread(target=consume, args=(f"c{c}",)) for c in range(2)]
+    for thread in threads:
+        thread.start()
+    assert done.wait(20)
+    for thread in threads:
+        thread.join(timeout=5)
+    keys = [(e.fields["p"], e.fields["i"]) for e in received]
+    assert len(keys) == len(set(keys)) == n_producers * per_producer
+    assert bus.pending_summary(up, G).count == 0
+
+
+# ── pending entries, reclaim, delivery counts, dead letters ─────────────────────────────────
+
+
+def test_reclaim_takes_over_entries_of_a_dead_consumer(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": str(i).encode()}) for i in range(3)]
+    bus.read_group(up, G, "dead", count=10)  # ... and it never acks
+    assert bus.reclaim(up, G, "alive", min_idle_ms=60_000).entries == []
+    claimed = bus.reclaim(up, G, "alive", min_idle_ms=0)
+    assert _ids(claimed.entries) == ids
+    assert [e.fields["i"] for e in claimed.entries] == [b"0", b"1", b"2"]
+    assert claimed.deleted_ids == []
+    assert dict(bus.pending_summary(up, G).consumers) == {"alive": 3}
+    assert bus.ack(up, G, ids) == 3
+
+
+def test_reclaim_honours_min_idle_time(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    entry_id = bus.append(up, {"m": b"x"})
+    bus.read_group(up, G, "dead")
+    assert bus.reclaim(up, G, "alive", min_idle_ms=200).entries == []
+    bus_case.eventually(
+        lambda: _ids(bus.reclaim(up, G, "alive", min_idle_ms=200).entries) == [entry_id],
+        after_s=0.25,
+        what="entry idle for 200 ms is reclaimed",
+    )
+
+
+def test_reclaim_count_limits_claims(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": str(i).encode()}) for i in range(5)]
+    bus.read_group(up, G, "dead", count=10)
+    assert _ids(bus.reclaim(up, G, "a", min_idle_ms=0, count=2).entries) == ids[:2]
+    assert _ids(bus.reclaim(up, G, "b", min_idle_ms=0, count=10).entries) == ids
+
+
+def test_delivery_counts_grow_with_each_redelivery(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    entry_id = bus.append(up, {"m": b"x"})
+    assert bus.read_group(up, G, "c1")[0].delivery_count == 1
+    again = bus.read_own_pending(up, G, "c1")
+    assert _ids(again) == [entry_id] and again[0].delivery_count == 2
+    assert again[0].fields == {"m": b"x"}
+    assert bus.reclaim(up, G, "c2", min_idle_ms=0).entries[0].delivery_count == 3
+    [row] = bus.pending(up, G)
+    assert (row.id, row.consumer, row.delivery_count) == (entry_id, "c2", 3)
+    assert bus.read_own_pending(up, G, "c1") == []
+
+
+def test_pending_inspection_by_consumer_and_idle_time(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    a = bus.append(up, {"m": b"a"})
+    b = bus.append(up, {"m": b"b"})
+    bus.read_group(up, G, "c1")
+    bus.read_group(up, G, "c2")
+    assert [(p.id, p.consumer) for p in bus.pending(up, G)] == [(a, "c1"), (b, "c2")]
+    assert [p.id for p in bus.pending(up, G, consumer="c2")] == [b]
+    assert [p.id for p in bus.pending(up, G, count=1)] == [a]
+    assert bus.pending(up, G, min_idle_ms=60_000) == []
+    assert all(p.idle_ms >= 0 for p in bus.pending(up, G))
+    summary = bus.pending_summary(up, G)
+    assert (summary.count, summary.min_id, summary.max_id) == (2, a, b)
+    assert dict(summary.consumers) == {"c1": 1, "c2": 1}
+    assert bus.delete_consumer(up, G, "c2") == 1
+    assert [p.id for p in bus.pending(up, G)] == [a]
+
+
+def test_dead_letter_moves_the_entry_and_acks_it(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, dlq = bus.keys.up(2), bus.keys.dlq(2)
+    bus.append(up, {"m": b"poison"})
+    [entry] = bus.read_group(up, G, "c1")
+    dead_id = bus.dead_letter(entry, group=G, dlq=dlq, reason="checksum mismatch")
+    assert bus.pending_summary(up, G).count == 0
+    [dead] = bus.read(dlq)
+    assert dead.id == dead_id
+    assert dead.fields["m"] == b"poison"
+    assert dead.fields["ddq.dlq.reason"] == b"checksum mismatch"
+    assert dead.fields["ddq.dlq.stream"] == up.encode()
+    assert dead.fields["ddq.dlq.id"] == entry.id.encode()
+    assert dead.fields["ddq.dlq.group"] == G.encode()
+
+
+def test_dead_letter_into_a_non_stream_applies_nothing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, dlq = bus.keys.up(2), bus.keys.dlq(2)
+    bus.append(up, {"m": b"x"})
+    [entry] = bus.read_group(up, G, "c1")
+    bus.set(dlq, b"not a stream")
+    with pytest.raises(BusError):
+        bus.dead_letter(entry, group=G, dlq=dlq, reason="r")
+    assert bus.pending_summary(up, G).count == 1
+    assert bus.get(dlq) == b"not a stream"
+
+
+# ── trimming ────────────────────────────────────────────────────────────────────────────────
+
+
+def test_exact_trim_keeps_the_newest_entries(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    events = bus.keys.events()
+    ids = [bus.append(events, {"i": str(i).encode()}) for i in range(10)]
+    assert bus.trim(events, maxlen=3, approximate=False) == 7
+    assert _ids(bus.read(events)) == ids[-3:]
+    bus.append(events, {"i": b"10"}, maxlen=2, approximate=False)
+    assert bus.stream_length(events) == 2
+
+
+def test_approximate_maxlen_keeps_at_least_maxlen(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    events = bus.keys.events()
+    for i in range(250):
+        bus.append(events, {"i": str(i).encode()}, maxlen=100)
+    assert 100 <= bus.stream_length(events) <= 250
+    latest = bus.read_latest(events)
+    assert latest is not None and latest.fields["i"] == b"249"
+
+
+def test_trimmed_pending_entries_are_reported_and_dropped(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": str(i).encode()}) for i in range(10)]
+    bus.read_group(up, G, "dead", count=10)
+    bus.trim(up, maxlen=2, approximate=False)
+    assert bus.pending_summary(up, G).count == 10  # trimming leaves the ids pending
+    own = bus.read_own_pending(up, G, "dead")
+    assert [e.deleted for e in own] == [True] * 8 + [False] * 2
+    reclaimed = bus.reclaim(up, G, "alive", min_idle_ms=0)
+    assert reclaimed.deleted_ids == ids[:8]
+    assert _ids(reclaimed.entries) == ids[8:]
+    assert bus.pending_summary(up, G).count == 2
+
+
+# ── leases and fenced commits ───────────────────────────────────────────────────────────────
+
+
+def test_lease_excludes_others_until_it_expires(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    name = bus.keys.lease(0)
+    first = bus.acquire_lease(name, "sync-a", ttl_s=0.2)
+    assert first is not None and first.owner == "sync-a" and first.token >= 1
+    assert bus.acquire_lease(name, "sync-b", ttl_s=0.2) is None
+    taken: list[int] = []
+
+    def take_over() -> bool:
+        lease = bus.acquire_lease(name, "sync-b", ttl_s=10)
+        if lease is not None:
+            taken.append(lease.token)
+        return lease is not None
+
+    bus_case.eventually(take_over, after_s=0.25, what="takeover after expiry")
+    assert taken[0] > first.token
+    with pytest.raises(LeaseLost):
+        bus.renew_lease(first, ttl_s=10)
+    assert not bus.release_lease(first)
+
+
+def test_renew_and_release(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    name = bus.keys.lease(1)
+    lease = bus.acquire_lease(name, "sync-a", ttl_s=5)
+    assert lease is not None
+    renewed = bus.renew_lease(lease, ttl_s=30)
+    assert renewed.token == lease.token and renewed.expires_at_s >= lease.expires_at_s
+    assert bus.release_lease(renewed)
+    assert not bus.release_lease(renewed)
+    other = bus.acquire_lease(name, "sync-b", ttl_s=5)
+    assert other is not None and other.token > lease.token
+    with pytest.raises(LeaseLost):
+        bus.renew_lease(lease, ttl_s=5)
+
+
+def test_reacquire_by_the_same_owner_fences_its_old_incarnation(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    name = bus.keys.lease(0)
+    old = bus.acquire_lease(name, "sync-0", ttl_s=30)
+    new = bus.acquire_lease(name, "sync-0", ttl_s=30)  # a restart under a stable name
+    assert old is not None and new is not None and new.token > old.token
+    with pytest.raises(LeaseLost):
+        bus.commit(old, [SetOp(bus.keys.state(0), b"stale")])
+    assert bus.get(bus.keys.state(0)) is None
+    assert bus.get(fence_key(name)) == str(new.token).encode()
+
+
+def _round_fixture(bus: Bus) -> tuple[str, list[str], BlobRef]:
+    """A fragment-0 stream with two pending contributions and one blob."""
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": b"0"}), bus.append(up, {"i": b"1"})]
+    bus.read_group(up, G, "sync-0", count=10)
+    ref = bus.put_blob(bus.keys.up_blob(0, 7, "L0"), b"p" * 3000, ttl_s=60)
+    bus.set(bus.keys.state(0), b"version 6")
+    return up, ids, ref
+
+
+def _round_ops(bus: Bus, up: str, ids: list[str], ref: BlobRef) -> list[CommitOp]:
+    k = bus.keys
+    return [
+        SetOp(k.state(0), b"version 7", ttl_s=60),
+        SetOp(k.global_blob(0, 7, 1), b"theta-7"),
+        AppendOp(k.down(0), {"version": b"7"}, maxlen=16),
+        AppendOp(k.rounds(0), {"round": b"7", "merged": b"2"}),
+        AckOp(up, G, tuple(ids)),
+        DeleteOp(ref.chunk_keys()),
+    ]
+
+
+def test_commit_applies_every_op(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, ids, ref = _round_fixture(bus)
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    result = bus.commit(lease, _round_ops(bus, up, ids, ref))
+    assert result.acked == 2 and len(result.entry_ids) == 2
+    assert bus.get(bus.keys.state(0)) == b"version 7"
+    assert bus.get(bus.keys.global_blob(0, 7, 1)) == b"theta-7"
+    down = bus.read_latest(bus.keys.down(0))
+    assert down is not None and down.id == result.entry_ids[0] and down.fields == {"version": b"7"}
+    assert _ids(bus.read(bus.keys.rounds(0))) == [result.entry_ids[1]]
+    assert bus.pending_summary(up, G).count == 0
+    with pytest.raises(BlobMissing):
+        bus.get_blob(ref)
+    assert bus.commit(lease, []).entry_ids == ()
+
+
+def test_stale_holders_commit_is_refused_and_applies_nothing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, ids, ref = _round_fixture(bus)
+    name = bus.keys.lease(0)
+    stale = bus.acquire_lease(name, "sync-old", ttl_s=0.2)
+    assert stale is not None
+    bus_case.eventually(
+        lambda: bus.acquire_lease(name, "sync-new", ttl_s=30) is not None,
+        after_s=0.25,
+        what="takeover",
+    )
+    with pytest.raises(LeaseLost):
+        bus.commit(stale, _round_ops(bus, up, ids, ref))
+    assert bus.get(bus.keys.state(0)) == b"version 6"
+    assert bus.get(bus.keys.global_blob(0, 7, 1)) is None
+    assert bus.stream_length(bus.keys.down(0)) == 0
+    assert bus.stream_length(bus.keys.rounds(0)) == 0
+    assert bus.pending_summary(up, G).count == 2
+    assert bus.get_blob(ref) == b"p" * 3000
+
+
+def test_commit_with_a_wrongly_typed_key_applies_nothing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, ids, ref = _round_fixture(bus)
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    bus.set(bus.keys.rounds(0), b"a string where a stream belongs")
+    with pytest.raises(BusError) as raised:
+        bus.commit(lease, _round_ops(bus, up, ids, ref))
+    assert not isinstance(raised.value, LeaseLost)
+    assert bus.get(bus.keys.state(0)) == b"version 6"
+    assert bus.stream_length(bus.keys.down(0)) == 0
+    assert bus.pending_summary(up, G).count == 2
+    assert bus.get_blob(ref) == b"p" * 3000
+
+
+def test_scripts_refuse_keys_of_another_fragment_and_bad_ttls(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    with pytest.raises(ValueError, match="hash tag"):
+        bus.commit(lease, [SetOp(bus.keys.state(0), b"ok"), SetOp(bus.keys.state(1), b"no")])
+    assert bus.get(bus.keys.state(0)) is None
+    bus.append(bus.keys.up(0), {"m": b"x"})
+    [entry] = bus.read_group(bus.keys.up(0), G, "c1")
+    with pytest.raises(ValueError, match="hash tag"):
+        bus.dead_letter(entry, group=G, dlq=bus.keys.dlq(1), reason="r")
+    for bad_ttl in (0, -1.0):
+        with pytest.raises(ValueError, match="ttl_s"):
+            bus.set(bus.keys.state(0), b"v", ttl_s=bad_ttl)
+        with pytest.raises(ValueError, match="ttl_s"):
+            bus.put_blob(bus.keys.up_blob(0, 1, "L0"), b"v", ttl_s=bad_ttl)
+        with pytest.raises(ValueError, match="ttl_s"):
+            bus.acquire_lease(bus.keys.lease(2), "s", ttl_s=bad_ttl)
+
+
+# ── blobs ───────────────────────────────────────────────────────────────────────────────────
+
+
+def test_chunked_blob_reassembles_bit_exactly(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    payload = np.random.default_rng(0).bytes(5 * CHUNK_BYTES + 17)
+    ref = bus.put_blob(bus.keys.up_blob(0, 1, "L0"), payload, ttl_s=60)
+    assert (ref.n_chunks, ref.nbytes) == (6, len(payload))
+    assert bus.get_blob(ref) == payload
+    assert BlobRef.from_bytes(ref.to_bytes()) == ref
+
+
+def test_blob_from_several_buffers_is_not_reordered(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    rng = np.random.default_rng(1)
+    array = rng.standard_normal(700).astype(np.float32)  # 2800 bytes, crosses chunk limits
+    parts = [b"head", memoryview(array), bytearray(b"tail" * 300), memoryview(b"")]
+    ref = bus.put_blob(bus.keys.up_blob(0, 2, "L1"), parts, ttl_s=60)
+    expected = b"head" + array.tobytes() + b"tail" * 300
+    assert ref.nbytes == len(expected) and ref.n_chunks == -(-len(expected) // CHUNK_BYTES)
+    assert bus.get_blob(ref) == expected
+    empty = bus.put_blob(bus.keys.up_blob(0, 3, "L1"), b"", ttl_s=60)
+    assert (empty.n_chunks, bus.get_blob(empty)) == (1, b"")
+
+
+def test_missing_chunk_raises_blob_missing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    ref = bus.put_blob(bus.keys.up_blob(0, 1, "L0"), b"x" * (3 * CHUNK_BYTES), ttl_s=60)
+    assert bus.delete([blob_chunk_key(ref.key, 1)]) == 1
+    with pytest.raises(BlobMissing):
+        bus.get_blob(ref)
+    assert bus.delete_blobs([ref]) == 2
+    with pytest.raises(BlobMissing):
+        bus.get_blob(ref)
+    never = BlobRef(bus.keys.up_blob(0, 9, "L9"), 1, 10)
+    with pytest.raises(BlobMissing):
+        bus.get_blob(never)
+
+
+def test_blob_of_the_wrong_size_is_corrupt(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    ref = bus.put_blob(bus.keys.up_blob(0, 1, "L0"), b"12345", ttl_s=60)
+    bus.set(ref.key, b"123")  # overwritten by someone else
+    with pytest.raises(CorruptPayload):
+        bus.get_blob(ref)
+
+
+def test_blob_expires_after_its_ttl(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    ref = bus.put_blob(bus.keys.up_blob(0, 1, "L0"), b"x" * 2000, ttl_s=0.1)
+    assert bus.get_blob(ref) == b"x" * 2000
+
+    def gone() -> bool:
+        try:
+            bus.get_blob(ref)
+        except BlobMissing:
+            return True
+        return False
+
+    bus_case.eventually(gone, after_s=0.15, what="blob expiry")
+
+
+def test_contribution_publish_fetch_ack_and_unlink(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    payload = np.arange(1000, dtype=np.float32)
+    entry_id, ref = ops.publish_contribution(
+        bus,
+        fragment_id=4,
+        round_id=12,
+        learner_id="L3",
+        payload=memoryview(payload),
+        fields={"m": b"meta"},
+        ttl_s=60,
+        maxlen=100,
+    )
+    assert ref.key == bus.keys.up_blob(4, 12, "L3")
+    assert hash_tag(ref.key) == hash_tag(bus.keys.up(4))
+    [entry] = bus.read_group(bus.keys.up(4), G, "sync-0")
+    assert entry.id == entry_id and entry.fields["m"] == b"meta"
+    assert ops.blob_ref(entry) == ref
+    assert np.array_equal(np.frombuffer(ops.fetch_blob(bus, entry), np.float32), payload)
+    assert bus.ack(entry.stream, G, [entry.id], delete_keys=ref.chunk_keys()) == 1
+    with pytest.raises(BlobMissing):
+        ops.fetch_blob(bus, entry)
+    with pytest.raises(CorruptPayload):
+        ops.blob_ref(Entry(entry.stream, entry.id, {"m": b"no ref"}))
+
+
+def test_stage_global_names_the_fencing_token(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(5), "sync-0", ttl_s=30)
+    assert lease is not None
+    ref = ops.stage_global(bus, lease, fragment_id=5, version=3, payload=b"theta", ttl_s=60)
+    assert ref.key == bus.keys.global_blob(5, 3, lease.token)
+    bus.commit(lease, [AppendOp(bus.keys.down(5), {"blob": ref.to_bytes()})])
+    latest = ops.latest_global(bus, 5)
+    assert latest is not None and bus.get_blob(ops.blob_ref(latest)) == b"theta"
+
+
+# ── values, heartbeats, control and events ──────────────────────────────────────────────────
+
+
+def test_values_get_set_delete_and_expire(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    key = bus.keys.state(0)
+    assert bus.get(key) is None
+    bus.set(key, b"v1")
+    assert bus.get(key) == b"v1"
+    assert bus.delete([key, bus.keys.state(1)]) == 1
+    bus.set(key, b"v2", ttl_s=0.1)
+    assert bus.get(key) == b"v2"
+    bus_case.eventually(lambda: bus.get(key) is None, after_s=0.15, what="value expiry")
+    bus.append(bus.keys.up(0), {"a": b"1"})
+    with pytest.raises(BusError):
+        bus.get(bus.keys.up(0))  # a stream is not a string value
+
+
+def test_heartbeats_report_ages_on_the_bus_clock(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    t0 = bus.server_time_s()
+    bus.heartbeat("L0", b"step=10", ttl_s=30)
+    bus.heartbeat("sync-0", b"", ttl_s=30)
+    beats = bus.heartbeats()
+    assert set(beats) == {"L0", "sync-0"}
+    payload, age_s = beats["L0"]
+    assert payload == b"step=10" and 0 <= age_s < 5
+    if bus_case.clock is not None:
+        bus_case.clock.advance(2.5)
+        assert bus.heartbeats()["L0"].age_s == pytest.approx(2.5)
+    else:
+        later = bus.heartbeats()["L0"].age_s
+        assert later >= age_s
+    assert bus.server_time_s() >= t0
+    bus.heartbeat("L0", b"step=11", ttl_s=30)
+    payload, age_s = bus.heartbeats()["L0"]
+    assert payload == b"step=11" and age_s == pytest.approx(0.0, abs=0.5)
+
+
+def test_heartbeats_expire_and_can_be_removed(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    bus.heartbeat("L0", b"a", ttl_s=0.1)
+    bus.heartbeat("L1", b"b", ttl_s=60)
+    bus.heartbeat("L2", b"c", ttl_s=60)
+    assert bus.remove_heartbeat("L2")
+    assert not bus.remove_heartbeat("L2")
+    bus_case.eventually(lambda: set(bus.heartbeats()) == {"L1"}, after_s=0.15, what="expiry")
+    with pytest.raises(ConfigError):
+        bus.heartbeat("bad{name}", b"", ttl_s=1)
+
+
+def test_control_commands_per_target_and_events(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    first = ops.send_command(bus, "L0", {"cmd": b"stall", "for_s": b"3"})
+    ops.send_command(bus, "L1", {"cmd": b"kill"})
+    second = ops.send_command(bus, "L0", {"cmd": b"resume"})
+    assert [e.fields["cmd"] for e in ops.read_commands(bus, "L0", after_id="0-0")] == [
+        b"stall",
+        b"resume",
+    ]
+    assert _ids(ops.read_commands(bus, "L0", after_id=first)) == [second]
+    assert ops.read_commands(bus, "L0", after_id=second, block_ms=20) == []
+    event_id = ops.emit_event(bus, {"kind": b"round.merged", "round": b"7"})
+    latest = bus.read_latest(bus.keys.events())
+    assert latest is not None and latest.id == event_id and latest.fields["kind"] == b"round.merged"
+
+
+# ── keys (bus-independent) ──────────────────────────────────────────────────────────────────
+
+
+def test_keys_share_one_hash_tag_per_fragment_and_validate_ids() -> None:
+    k = Keys("run-1")
+    fragment = [
+        k.up(3),
+        k.up_blob(3, 9, "L0"),
+        blob_chunk_key(k.up_blob(3, 9, "L0"), 2),
+        k.global_blob(3, 4, 2),
+        k.momentum_blob(3, 4, 2),
+        k.state(3),
+        k.down(3),
+        k.rounds(3),
+        k.dlq(3),
+        k.lease(3),
+        fence_key(k.lease(3)),
+    ]
+    assert {hash_tag(key) for key in fragment} == {"run-1.f3"}
+    assert all(key.startswith("ddq:run-1:{run-1.f3}:") for key in fragment)
+    assert hash_tag(k.up(4)) == "run-1.f4"
+    beats = {k.heartbeat_seen(), k.heartbeat_expiry(), k.heartbeat_data()}
+    assert {hash_tag(key) for key in beats} == {"run-1.hb"}
+    assert k.control("L0") == "ddq:run-1:control:L0" and k.events() == "ddq:run-1:events"
+    assert hash_tag(k.events()) is None
+    for bad in ("", "a{b}", "a:b", "a b", "-x", "x" * 65):
+        with pytest.raises(ConfigError):
+            Keys(bad)
+    with pytest.raises(ConfigError):
+        k.up_blob(0, 1, "L{0}")
+    with pytest.raises(ConfigError):
+        k.up(-1)

@@ -1,0 +1,201 @@
+"""A private ``redis-server`` for tests and benchmarks: free loopback port, own data dir.
+
+Never touches a shared server: it starts its own process on ``127.0.0.1:<free port>`` with no
+persistence by default (AOF when asked), ``maxmemory-policy noeviction`` (eviction would drop
+payloads silently) and its files under a temporary directory. ``kill()`` (SIGKILL) and
+``restart()`` on the same port let tests exercise server crashes.
+
+    with RedisProcess() as server:
+        client = redis.Redis.from_url(server.url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+REDIS_SERVER = "redis-server"
+
+
+def redis_server_path() -> str | None:
+    """Path of the ``redis-server`` binary, or None when it is not installed."""
+    return shutil.which(REDIS_SERVER)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisProcess:
+    """One private redis-server process.
+
+    Args:
+        port: Port to listen on (default: a free one, kept across restarts).
+        appendonly: Enable AOF persistence (``appendfsync everysec``).
+        extra_args: More ``--name value`` arguments for redis-server.
+        start_timeout_s: How long to wait for PING after starting.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        extra_args: tuple[str, ...] = (),
+        start_timeout_s: float = 10.0,
+    ) -> None:
+        binary = redis_server_path()
+        if binary is None:
+            raise FileNotFoundError(
+                f"{REDIS_SERVER} is not installed (apt-get install redis-server)"
+            )
+        self.binary = binary
+        self.port = port or free_port()
+        self._pick_port = port is None  # until the first start succeeds
+        self.host = "127.0.0.1"
+        self.appendonly = appendonly
+        self.extra_args = extra_args
+        self.start_timeout_s = start_timeout_s
+        self._tmp = tempfile.TemporaryDirectory(prefix="ddq-redis-")
+        self.dir = Path(self._tmp.name)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "redis.log"
+
+    def _command(self) -> list[str]:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "everysec"]
+            if self.appendonly
+            else ["--appendonly", "no"]
+        )
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            *persistence,
+            "--dir", str(self.dir),
+            "--logfile", str(self.log_path),
+            "--maxmemory-policy", "noeviction",
+            "--daemonize", "no",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> RedisProcess:
+        """Start the server and wait (polling PING, with a deadline) until it answers.
+
+        A port picked automatically can be taken between picking and binding; the first start
+        then retries on other ports. Restarts always reuse the port.
+        """
+        if self._proc is not None:
+            raise RuntimeError("redis-server is already running")
+        for attempt in range(3):
+            self._proc = subprocess.Popen(
+                self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                self._wait_ready()
+                break
+            except RuntimeError:
+                if not self._pick_port or attempt == 2:
+                    raise
+                self.port = free_port()
+        self._pick_port = False
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        probe = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5)
+        try:
+            while True:
+                if self._proc is not None and self._proc.poll() is not None:
+                    self._proc = None
+                    raise RuntimeError(f"redis-server exited at start:\n{self.log_tail()}")
+                try:
+                    if probe.ping():
+                        return
+                except redis.exceptions.BusyLoadingError:
+                    pass  # AOF still loading: ready soon
+                except (redis.ConnectionError, redis.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise TimeoutError(
+                        f"redis-server on port {self.port} did not answer PING within "
+                        f"{self.start_timeout_s} s:\n{self.log_tail()}"
+                    )
+                time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        """Last lines of the server log (for failure messages)."""
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM: Redis flushes AOF and exits)."""
+        self._end(signal.SIGTERM, timeout_s)
+
+    def kill(self) -> None:
+        """Crash stop (SIGKILL): nothing is flushed."""
+        self._end(signal.SIGKILL, 10.0)
+
+    def _end(self, sig: signal.Signals, timeout_s: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def restart(self, *, graceful: bool = False) -> None:
+        """Stop (SIGKILL, or SIGTERM when ``graceful``) and start again on the same port."""
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
+        self.start()
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client for this server (caller closes it)."""
+        return redis.Redis(host=self.host, port=self.port)
+
+    def close(self) -> None:
+        """Kill the server and remove its directory."""
+        self.kill()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> RedisProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
