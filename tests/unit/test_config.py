@@ -60,7 +60,7 @@ def test_shipped_configs_validate(name):
 def test_derived_file_overrides_only_what_it_names():
     cfg = load_config(CONFIG_DIR / "test.yaml")
     assert cfg.run.run_id == "test"
-    assert cfg.redis.block_ms == 200
+    assert cfg.redis.max_block_ms == 200
     assert cfg.redis.url == DDQConfig().redis.url  # inherited from base.yaml
 
 
@@ -84,7 +84,7 @@ def test_config_is_frozen():
             {"membership": {"straggling_after_s": 5.0, "stalled_after_s": 4.0}},
             ["must rise"],
         ),
-        ({"redis": {"block_ms": 20_000}}, ["block_ms", "socket_timeout_s"]),
+        ({"redis": {"max_block_ms": 9_500}}, ["max_block_ms", "socket_timeout_s"]),
         (
             {"synchronizer": {"grace_cap_s": 90.0, "round_timeout_s": 60.0}},
             ["grace_cap_s", "round_timeout_s"],
@@ -216,3 +216,9 @@ def test_wire_section_builds_codec_and_limits():
 def test_shuffle_without_zstd_is_refused():
     with pytest.raises(ConfigError, match="shuffle needs"):
         validate_config({"wire": {"codec": "int8", "shuffle": True, "zstd_level": 1}})
+
+
+def test_redis_section_builds_bus_options():
+    options = load_config(CONFIG_DIR / "test.yaml").redis.options()
+    assert options.max_block_ms == 200
+    assert options.unavailable_after_s == 5.0

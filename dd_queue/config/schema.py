@@ -1,49 +1,33 @@
-"""One typed, frozen configuration tree, loaded from YAML with environment overrides.
+"""The configuration tree: one frozen, documented, validated pydantic model per section.
 
-Precedence, lowest first: model defaults < YAML file (and the files it ``extends``) <
-``DDQ__SECTION__FIELD`` environment variables < the command line's own flags.
-
-- ``load_config(path, environ)`` reads ``path``; a top-level ``extends: base.yaml`` (relative to
-  the file) loads that file first and deep-merges this one over it.
-- ``DDQ__SYNCHRONIZER__QUORUM=2`` overrides ``synchronizer.quorum``; the value is parsed as a YAML
-  scalar (``true``, ``2.5``, ``null``, ``[a, b]``). An override naming an unknown key is an error.
-- Unknown keys anywhere are rejected with the key's dotted path; every field is documented and
-  validated; cross-field rules live in model validators.
-- ``cfg.digest`` is a stable sha256 of the resolved config (secrets excluded), logged at start and
-  stamped on wire messages so mismatched processes are noticed.
-
-Nothing here reads the environment unless ``load_config`` is called; the environment is injected.
+Every field has a default, a description and units in its name; cross-field rules live in model
+validators and name the fields. ``config/base.yaml`` states every field (a test checks it). Loading
+from YAML and the environment is :mod:`dd_queue.config.loader`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Mapping
-from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Self, Union, get_args, get_origin
+from typing import Any, Literal, Self
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
+from dd_queue.bus import RedisOptions
 from dd_queue.core.codec import CodecSpec, DecodeLimits
 from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import ConfigError
+from dd_queue.keys import check_name
 from dd_queue.messages import MessageLimits
 
-ENV_PREFIX = "DDQ__"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MiB = 1024 * 1024
 
 
@@ -66,25 +50,38 @@ class RunConfig(_Section):
     @field_validator("run_id")
     @classmethod
     def _check_run_id(cls, run_id: str) -> str:
-        if not _RUN_ID.match(run_id):
-            raise ValueError(
-                f"{run_id!r} must be 1-64 characters of letters, digits, '_', '.', '-', "
-                "starting with a letter or digit (it becomes part of every Redis key)"
-            )
-        return run_id
+        try:
+            return check_name("run_id", run_id)
+        except ConfigError as exc:  # pydantic reports ValueErrors with the field's path
+            raise ValueError(str(exc)) from None
 
 
 class RedisConfig(_Section):
     """Where the bus lives and how it behaves when Redis is slow or gone."""
 
     url: str = Field("redis://127.0.0.1:6379/0", description="Redis (>= 7.0) or Valkey URL.")
-    socket_timeout_s: float = Field(10.0, gt=0, description="Socket timeout of every connection.")
-    block_ms: int = Field(
-        2000, ge=1, description="Longest blocking stream read; must be below socket_timeout_s."
+    socket_timeout_s: float = Field(
+        10.0, gt=0, description="Read timeout of control and reader connections."
+    )
+    connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect timeout.")
+    blob_socket_timeout_s: float = Field(
+        60.0, gt=0, description="Read timeout of payload transfers (big values, slow links)."
+    )
+    heartbeat_socket_timeout_s: float = Field(
+        5.0, gt=0, description="Read timeout of the heartbeat connection."
+    )
+    max_block_ms: int = Field(
+        2000, ge=1, description="Longest blocking read sent to Redis; below socket_timeout_s."
     )
     unavailable_after_s: float = Field(
         30.0, gt=0, description="Give up with BusUnavailable after retrying this long."
     )
+    retry_base_s: float = Field(0.05, gt=0, description="First reconnect backoff (jittered).")
+    retry_cap_s: float = Field(1.0, gt=0, description="Largest reconnect backoff step.")
+    health_check_interval_s: float = Field(
+        30.0, ge=0, description="PING connections idle this long before reuse (0 = off)."
+    )
+    max_connections: int = Field(64, ge=4, description="Connection pool size of each client.")
     blob_chunk_bytes: int = Field(
         16 * MiB, ge=1024, le=512 * MiB, description="Largest Redis value a payload is split into."
     )
@@ -97,6 +94,21 @@ class RedisConfig(_Section):
     stream_maxlen: int = Field(
         10_000, ge=16, description="Approximate length cap of every stream (MAXLEN ~)."
     )
+
+    @model_validator(mode="after")
+    def _check_block(self) -> Self:
+        if self.socket_timeout_s * 1000 < self.max_block_ms + 1000:
+            raise ValueError(
+                f"max_block_ms {self.max_block_ms} must stay at least 1 s below socket_timeout_s "
+                f"({self.socket_timeout_s} s), or a dead server is noticed only after a minute "
+                "of silent retries"
+            )
+        return self
+
+    def options(self) -> RedisOptions:
+        """The ``RedisBus`` options, whose names this section mirrors."""
+        names = RedisOptions.__dataclass_fields__
+        return RedisOptions(**{k: v for k, v in self.model_dump().items() if k in names})
 
 
 class WireConfig(_Section):
@@ -346,12 +358,6 @@ class DDQConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> Self:
-        if self.redis.block_ms >= self.redis.socket_timeout_s * 1000:
-            raise ValueError(
-                f"redis.block_ms {self.redis.block_ms} must be below redis.socket_timeout_s "
-                f"({self.redis.socket_timeout_s} s), or a dead server is noticed only after "
-                "a minute of silent retries"
-            )
         sync = self.synchronizer
         if sync.quorum_policy == "wait" and sync.quorum > self.membership.expected_learners:
             raise ValueError(
@@ -375,108 +381,3 @@ class DDQConfig(_Section):
         data["control"].pop("token", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> DDQConfig:
-    """Load ``path`` (following ``extends``), apply ``DDQ__`` overrides, validate.
-
-    Args:
-        path: A YAML file, e.g. ``config/demo.yaml``.
-        environ: Variables to read ``DDQ__SECTION__FIELD`` overrides from (``None``: none).
-
-    Raises:
-        ConfigError: unreadable file, bad YAML, unknown key, invalid value or override.
-    """
-    raw = _read_yaml_tree(Path(path), seen=())
-    for name, value in sorted((environ or {}).items()):
-        if name.startswith(ENV_PREFIX):
-            _apply_override(raw, name, value)
-    return validate_config(raw, source=str(path))
-
-
-def validate_config(raw: Mapping[str, Any], *, source: str = "<dict>") -> DDQConfig:
-    """Validate a plain mapping into a ``DDQConfig``, turning pydantic errors into ConfigError."""
-    try:
-        return DDQConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(part) for part in err["loc"]) or "<top>"
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling against config/base.yaml)"
-            lines.append(f"  {where}: {msg}")
-        raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines)) from None
-
-
-def _read_yaml_tree(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
-    resolved = path.resolve()
-    if resolved in seen:
-        raise ConfigError(f"config {path} extends itself (cycle: {[str(p) for p in seen]})")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config {path} must be a mapping of sections, not {type(loaded)}")
-    parent = loaded.pop("extends", None)
-    if parent is None:
-        return loaded
-    if not isinstance(parent, str):
-        raise ConfigError(f"config {path}: 'extends' must be a file name, got {parent!r}")
-    base = _read_yaml_tree(path.parent / parent, seen=(*seen, resolved))
-    return _deep_merge(base, loaded)
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _apply_override(raw: dict[str, Any], name: str, value: str) -> None:
-    parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
-    if len(parts) < 2 or not all(parts):
-        raise ConfigError(f"environment override {name} must look like DDQ__SECTION__FIELD")
-    model: type[BaseModel] = DDQConfig
-    node = raw
-    for depth, part in enumerate(parts):
-        field = model.model_fields.get(part)
-        if field is None:
-            path = ".".join(parts[: depth + 1])
-            raise ConfigError(f"environment override {name}: unknown key {path}")
-        if depth == len(parts) - 1:
-            node[part] = _parse_override(name, value, field.annotation)
-            return
-        annotation = field.annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            raise ConfigError(
-                f"environment override {name}: {'.'.join(parts[: depth + 1])} "
-                "is a value, not a section"
-            )
-        model = annotation
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"environment override {name}: {part} is not a section")
-        node = child
-
-
-def _parse_override(name: str, value: str, annotation: Any) -> Any:
-    """Parse an override as a YAML scalar, but keep text fields text (a token may be ``123``)."""
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"environment override {name}: bad value: {exc}") from None
-    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
-    wants_text = any(t in (str, SecretStr) for t in (annotation, *options))
-    if wants_text and parsed is not None and not isinstance(parsed, str):
-        return value
-    return parsed

@@ -1,0 +1,42 @@
+"""One typed, frozen configuration tree, loaded from YAML with environment overrides.
+
+    cfg = load_config("config/demo.yaml", os.environ)
+    cfg.synchronizer.quorum, cfg.digest
+
+See :mod:`dd_queue.config.schema` for the sections and :mod:`dd_queue.config.loader` for the
+precedence of files and ``DDQ__SECTION__FIELD`` overrides.
+"""
+
+from dd_queue.config.loader import ENV_PREFIX, load_config, validate_config
+from dd_queue.config.schema import (
+    ControlConfig,
+    DataConfig,
+    DDQConfig,
+    FaultsConfig,
+    FaultSpec,
+    LearnerConfig,
+    MembershipConfig,
+    ModelConfig,
+    RedisConfig,
+    RunConfig,
+    SynchronizerConfig,
+    WireConfig,
+)
+
+__all__ = [
+    "ENV_PREFIX",
+    "ControlConfig",
+    "DDQConfig",
+    "DataConfig",
+    "FaultSpec",
+    "FaultsConfig",
+    "LearnerConfig",
+    "MembershipConfig",
+    "ModelConfig",
+    "RedisConfig",
+    "RunConfig",
+    "SynchronizerConfig",
+    "WireConfig",
+    "load_config",
+    "validate_config",
+]

@@ -1,0 +1,134 @@
+"""Loading the configuration: YAML files (with ``extends``) and ``DDQ__`` environment overrides.
+
+Precedence, lowest first: model defaults < YAML file (and the files it ``extends``) <
+``DDQ__SECTION__FIELD`` environment variables < the command line's own flags.
+
+- ``load_config(path, environ)`` reads ``path``; a top-level ``extends: base.yaml`` (relative to
+  the file) loads that file first and deep-merges this one over it.
+- ``DDQ__SYNCHRONIZER__QUORUM=2`` overrides ``synchronizer.quorum``; the value is parsed as a YAML
+  scalar (``true``, ``2.5``, ``null``, ``[a, b]``), except that text fields stay text. An override
+  naming an unknown key is an error.
+- Unknown keys anywhere are rejected with the key's dotted path.
+
+Nothing here reads the environment by itself; the caller passes it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from dd_queue.config.schema import DDQConfig
+from dd_queue.errors import ConfigError
+
+ENV_PREFIX = "DDQ__"
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> DDQConfig:
+    """Load ``path`` (following ``extends``), apply ``DDQ__`` overrides, validate.
+
+    Args:
+        path: A YAML file, e.g. ``config/demo.yaml``.
+        environ: Variables to read ``DDQ__SECTION__FIELD`` overrides from (``None``: none).
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, unknown key, invalid value or override.
+    """
+    raw = _read_yaml_tree(Path(path), seen=())
+    for name, value in sorted((environ or {}).items()):
+        if name.startswith(ENV_PREFIX):
+            _apply_override(raw, name, value)
+    return validate_config(raw, source=str(path))
+
+
+def validate_config(raw: Mapping[str, Any], *, source: str = "<dict>") -> DDQConfig:
+    """Validate a plain mapping into a ``DDQConfig``, turning pydantic errors into ConfigError."""
+    try:
+        return DDQConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(part) for part in err["loc"]) or "<top>"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling against config/base.yaml)"
+            lines.append(f"  {where}: {msg}")
+        raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines)) from None
+
+
+def _read_yaml_tree(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
+    resolved = path.resolve()
+    if resolved in seen:
+        raise ConfigError(f"config {path} extends itself (cycle: {[str(p) for p in seen]})")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config {path} must be a mapping of sections, not {type(loaded)}")
+    parent = loaded.pop("extends", None)
+    if parent is None:
+        return loaded
+    if not isinstance(parent, str):
+        raise ConfigError(f"config {path}: 'extends' must be a file name, got {parent!r}")
+    base = _read_yaml_tree(path.parent / parent, seen=(*seen, resolved))
+    return _deep_merge(base, loaded)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _apply_override(raw: dict[str, Any], name: str, value: str) -> None:
+    parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"environment override {name} must look like DDQ__SECTION__FIELD")
+    model: type[BaseModel] = DDQConfig
+    node = raw
+    for depth, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            path = ".".join(parts[: depth + 1])
+            raise ConfigError(f"environment override {name}: unknown key {path}")
+        if depth == len(parts) - 1:
+            node[part] = _parse_override(name, value, field.annotation)
+            return
+        annotation = field.annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise ConfigError(
+                f"environment override {name}: {'.'.join(parts[: depth + 1])} "
+                "is a value, not a section"
+            )
+        model = annotation
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"environment override {name}: {part} is not a section")
+        node = child
+
+
+def _parse_override(name: str, value: str, annotation: Any) -> Any:
+    """Parse an override as a YAML scalar, but keep text fields text (a token may be ``123``)."""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"environment override {name}: bad value: {exc}") from None
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    wants_text = any(t in (str, SecretStr) for t in (annotation, *options))
+    if wants_text and parsed is not None and not isinstance(parsed, str):
+        return value
+    return parsed
