@@ -1,0 +1,52 @@
+"""What every model takes and returns, so one generic learner loop can train any of them.
+
+A model's ``forward(batch)`` takes a ``TrainBatch`` and returns a ``ModelOutput`` whose ``loss``
+is the scalar to back-propagate. The learner weighs its contribution by ``batch.n_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from torch import Tensor
+
+IGNORE_INDEX = -100
+"""Target value that is not trained on (padding); it does not count in ``n_tokens``."""
+
+
+class TrainBatch(Protocol):
+    """One inner step's data, already on the model's device.
+
+    Attributes:
+        inputs: Token ids (B, T) int64 for LMs; images (B, C, H, W) float32 for the ViT.
+        targets: Next-token ids (B, T) int64 (``IGNORE_INDEX`` = not trained) or labels (B,).
+        n_tokens: Training units this batch actually trains: non-ignored target tokens for LMs,
+            images for the ViT. The merge weighs learners by it (tokens · tokens/steps).
+    """
+
+    @property
+    def inputs(self) -> Tensor: ...
+
+    @property
+    def targets(self) -> Tensor: ...
+
+    @property
+    def n_tokens(self) -> int: ...
+
+
+class ModelOutput(NamedTuple):
+    """What ``forward`` returns (a NamedTuple: ``torch.compile`` traces it without breaks).
+
+    Attributes:
+        loss: Scalar to back-propagate: ``task_loss + aux_loss_weight · aux_loss``.
+        task_loss: Mean cross-entropy over trained targets, in nats per token (per image).
+        logits: (B, T, vocab) for LMs, (B, classes) for the ViT, in the compute dtype.
+        aux_loss: MoE load-balancing loss averaged over MoE layers (1 = balanced); None if dense.
+        accuracy: Share of images classified correctly (ViT only; no gradient); else None.
+    """
+
+    loss: Tensor
+    task_loss: Tensor
+    logits: Tensor
+    aux_loss: Tensor | None = None
+    accuracy: Tensor | None = None
