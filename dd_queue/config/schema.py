@@ -22,11 +22,14 @@ from pydantic import (
 
 from dd_queue.bus import RedisOptions
 from dd_queue.core.codec import CodecSpec, DecodeLimits
+from dd_queue.core.fragments import DEFAULT_EMBEDDING_PATTERNS
 from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
+from dd_queue.data import DataSpec
 from dd_queue.errors import ConfigError
 from dd_queue.keys import check_name
 from dd_queue.messages import MessageLimits
+from dd_queue.models.spec import ModelSpec, resolve_spec
 
 MiB = 1024 * 1024
 
@@ -164,34 +167,76 @@ class WireConfig(_Section):
 
 
 class ModelConfig(_Section):
-    """The model every learner trains (shapes must agree across the run)."""
+    """The model every learner trains: a preset, with optional shape overrides (null = preset's)."""
 
-    name: Literal["gpt", "moe", "vit"] = Field("gpt", description="Model family.")
-    n_layers: int = Field(2, ge=1, description="Transformer blocks.")
-    d_model: int = Field(64, ge=8, description="Hidden width.")
-    n_heads: int = Field(4, ge=1, description="Attention heads; must divide d_model.")
-    vocab_size: int = Field(256, ge=2, description="Token vocabulary (byte-level by default).")
-    seq_len: int = Field(64, ge=2, description="Tokens per training sequence.")
-    n_experts: int = Field(0, ge=0, description="Experts per MoE layer (0 = dense).")
-    tie_embeddings: bool = Field(True, description="Share the input embedding with the LM head.")
+    preset: str = Field(
+        "gpt-tiny",
+        description="Shape by name: gpt-tiny|small|124m|1b, moe-tiny|small, vit-tiny|small.",
+    )
+    n_layers: int | None = Field(None, ge=1, description="Transformer blocks.")
+    d_model: int | None = Field(None, ge=8, description="Hidden width.")
+    n_heads: int | None = Field(None, ge=1, description="Attention heads; must divide d_model.")
+    mlp_ratio: int | None = Field(None, ge=1, description="MLP width ÷ d_model.")
+    vocab_size: int | None = Field(None, ge=2, description="Token vocabulary (bytes: 256).")
+    seq_len: int | None = Field(None, ge=2, description="Tokens per sequence (data window).")
+    tie_embeddings: bool | None = Field(None, description="LM head reuses the input embedding.")
+    n_experts: int | None = Field(None, ge=0, description="Experts per MoE layer (0 = dense).")
+    top_k: int | None = Field(None, ge=1, description="Experts each token is routed to.")
+    aux_loss_weight: float | None = Field(
+        None, ge=0, description="Weight of the MoE load-balancing loss."
+    )
+    image_size: int | None = Field(None, ge=2, description="ViT input side, pixels.")
+    patch_size: int | None = Field(None, ge=1, description="ViT patch side, pixels.")
+    in_channels: int | None = Field(None, ge=1, description="ViT input channels.")
+    n_classes: int | None = Field(None, ge=2, description="ViT output classes.")
+    compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    autocast: Literal["bf16", "off"] = Field("bf16", description="bf16 autocast on CUDA.")
+
+    def overrides(self) -> dict[str, Any]:
+        """The shape fields that are set, as ``build_model`` keyword arguments."""
+        skip = {"preset", "compile", "autocast"}
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
+
+    def spec(self) -> ModelSpec:
+        """The resolved model shape (preset + overrides), validated."""
+        return resolve_spec(self.preset, **self.overrides())
 
     @model_validator(mode="after")
-    def _check_heads(self) -> Self:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
-        if self.name == "moe" and self.n_experts < 2:
-            raise ValueError("model.name 'moe' needs n_experts >= 2")
+    def _check_shape(self) -> Self:
+        try:
+            self.spec()
+        except ConfigError as exc:  # reported by pydantic with the section's path
+            raise ValueError(str(exc)) from None
         return self
 
 
 class DataConfig(_Section):
-    """Where training tokens come from (nothing is downloaded at run time)."""
+    """Where training examples come from (nothing is downloaded at run time)."""
 
-    source: Literal["synthetic", "stdlib-text"] = Field(
-        "stdlib-text", description="Corpus: generated, or text that ships with Python."
+    source: Literal["stdlib-text", "text-files", "token-bin", "digits", "npz"] = Field(
+        "stdlib-text", description="Python's own stdlib text, text files, uint16 .bin, or images."
     )
-    batch_size: int = Field(8, ge=1, description="Sequences per inner step per learner.")
+    path: str | None = Field(
+        None, description="Directory/glob, .bin or .npz (when the source needs one)."
+    )
+    max_bytes: int = Field(16 * MiB, ge=1, description="Cap of a byte-level text corpus.")
+    suffixes: tuple[str, ...] = Field(
+        (".py", ".rst", ".txt"), description="File endings read from a text directory."
+    )
+    eval_fraction: float = Field(0.05, ge=0, lt=1, description="Share held out for evaluation.")
+    batch_size: int = Field(8, ge=1, description="Examples per inner step per learner.")
     eval_batches: int = Field(8, ge=0, description="Held-out batches per evaluation.")
+
+    @model_validator(mode="after")
+    def _check_path(self) -> Self:
+        if self.source in ("text-files", "token-bin", "npz") and not self.path:
+            raise ValueError(f"source {self.source!r} needs data.path")
+        return self
+
+    def spec(self, *, vocab_size: int) -> DataSpec:
+        """The data spec the loaders take; ``vocab_size`` bounds the ids of a token-bin file."""
+        fields = self.model_dump(exclude={"eval_batches"})
+        return DataSpec(**fields, vocab_size=vocab_size)
 
 
 class LearnerConfig(_Section):
@@ -248,7 +293,7 @@ class SynchronizerConfig(_Section):
     )
     version_ring: int = Field(8, ge=1, description="Recent global versions kept for re-anchoring.")
     embedding_patterns: tuple[str, ...] = Field(
-        ("embed", "wte", "lm_head"), description="Tensor-name parts merged by weighted mean."
+        DEFAULT_EMBEDDING_PATTERNS, description="Tensor-name parts merged by weighted mean."
     )
     lease_ttl_s: float = Field(10.0, gt=0, description="Fragment lease expiry (takeover time).")
     claim_idle_ms: int = Field(
@@ -358,6 +403,15 @@ class DDQConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> Self:
+        family = self.model.spec().family
+        images = self.data.source in ("digits", "npz")
+        if images != (family == "vit"):
+            kind = "image" if images else "text"
+            raise ValueError(
+                f"data.source {self.data.source!r} gives {kind} examples but model.preset "
+                f"{self.model.preset!r} is a {family} model; pair vit presets with digits/npz "
+                "and gpt/moe presets with text sources"
+            )
         sync = self.synchronizer
         if sync.quorum_policy == "wait" and sync.quorum > self.membership.expected_learners:
             raise ValueError(

@@ -94,7 +94,7 @@ def test_config_is_frozen():
             ["quorum 5", "expected_learners 2", "shrink"],
         ),
         ({"run": {"run_id": "a{b}"}}, ["run.run_id", "letters, digits"]),
-        ({"model": {"d_model": 30, "n_heads": 4}}, ["divisible"]),
+        ({"model": {"d_model": 30, "n_heads": 4}}, ["model", "divisible"]),
         ({"wire": {"codec": "int3"}}, ["wire.codec", "'int8'"]),
         ({"faults": {"schedule": [{"at_s": 1, "target": "L0", "kind": "melt"}]}}, ["kind"]),
     ],
@@ -222,3 +222,32 @@ def test_redis_section_builds_bus_options():
     options = load_config(CONFIG_DIR / "test.yaml").redis.options()
     assert options.max_block_ms == 200
     assert options.unavailable_after_s == 5.0
+
+
+def test_model_section_resolves_preset_with_overrides():
+    cfg = validate_config({"model": {"preset": "moe-tiny", "n_layers": 1}})
+    spec = cfg.model.spec()
+    assert (spec.family, spec.n_layers) == ("moe", 1)
+    assert cfg.model.overrides() == {"n_layers": 1}
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"model": {"preset": "gpt-huge"}}, ["unknown model preset", "gpt-tiny"]),
+        ({"data": {"source": "npz"}}, ["needs data.path"]),
+        ({"data": {"source": "digits"}}, ["image examples", "vit"]),
+        ({"model": {"preset": "vit-tiny"}}, ["text examples", "vit model"]),
+    ],
+)
+def test_model_and_data_must_fit(raw, words):
+    with pytest.raises(ConfigError) as err:
+        validate_config(raw)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_data_section_builds_loader_spec():
+    cfg = validate_config({"data": {"max_bytes": 4096}})
+    spec = cfg.data.spec(vocab_size=cfg.model.spec().vocab_size)
+    assert (spec.source, spec.max_bytes, spec.vocab_size) == ("stdlib-text", 4096, 256)
