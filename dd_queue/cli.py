@@ -4,13 +4,17 @@
     ddq config --config config/demo.yaml      print the resolved config (YAML) and its digest
     ddq config --config config/demo.yaml --json
 
-Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in ``_build_parser``.
-Commands that report numbers accept ``--json`` and then print one JSON object as their last line.
+Small subcommands live here; bigger ones live in their own modules (listed in
+``COMMAND_MODULES``), each exposing ``register(subparsers)`` that adds its parser with
+``set_defaults(func=...)``. A command function takes the parsed arguments and returns the exit
+code. Commands that report numbers accept ``--json`` and then print one JSON object as their
+last line.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -21,6 +25,9 @@ import yaml
 from dd_queue import __version__
 from dd_queue.config import load_config
 from dd_queue.errors import DDQError
+
+COMMAND_MODULES: tuple[str, ...] = ()
+"""Modules that add subcommands (``register(subparsers)``), e.g. ``dd_queue.learner.cli``."""
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -50,6 +57,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of YAML")
     p.set_defaults(func=_cmd_config)
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -35,6 +35,7 @@ key                                    type    written by         content
 ``ddq:R:{R.hb}:data``                  hash    every process      member → heartbeat payload
 ``ddq:R:control:<target>``             stream  control plane      fault / operator commands
 ``ddq:R:events``                       stream  everyone           dashboard event log
+``ddq:R:open``                         stream  synchronizer       round openings (learners follow)
 =====================================  ======  =================  ==================================
 
 Group name: ``synchronizers`` (:data:`SYNC_GROUP`) on every ``up`` stream.
@@ -202,6 +203,10 @@ class Keys:
     def events(self) -> str:
         """Run-wide event stream shown on the dashboard."""
         return f"{self.prefix}events"
+
+    def opened_rounds(self) -> str:
+        """Run-wide stream of round openings ``{fragment_id, round_id, opened_at_s}``."""
+        return f"{self.prefix}open"
 
 
 __all__ = ["SYNC_GROUP", "Keys", "blob_chunk_key", "check_name", "fence_key", "hash_tag"]
