@@ -1,7 +1,21 @@
 """Domain helpers written once on top of the ``Bus`` protocol (so both buses share them).
 
-Thin by design: they only pick keys from ``bus.keys`` and the blob-reference field. Message
-contents (the msgpack envelopes in the other fields) belong to ``dd_queue.messages``.
+Thin by design: they pick keys from ``bus.keys`` and put the bus's blob reference (``BLOB_FIELD``)
+next to a message's envelope. That reference is the only record of where a payload lives; the
+envelope (``dd_queue.messages``) carries identity, counters and the tensor header.
+
+Two levels:
+
+- raw: ``publish_contribution``, ``stage_global``, ``blob_ref``, ``fetch_blob`` move bytes and
+  fields and interpret nothing;
+- typed, one call per side: ``send_contribution``/``read_contribution`` for a learner's
+  contribution, and ``stage_global_fragment`` + ``global_notification_op`` (inside the fenced
+  commit) / ``read_global`` for a global fragment. The readers verify, in order: envelope
+  (``Message.from_fields``), entry stream vs. the message's fragment, the reference vs. the
+  message's identity and ``MessageLimits.max_blob_bytes``, the blob's framing, key and tensor
+  header (``dd_queue.wire.unpack_blob``), then decode (checksum, limits, NaN/Inf). Every refusal
+  is a ``ProtocolError`` with a ``reason``, or ``BlobMissing``; ``rejection_reason`` names either
+  for the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -9,8 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dd_queue.bus.base import Bus
-from dd_queue.bus.types import BlobData, BlobRef, Entry, Lease
-from dd_queue.errors import CorruptPayload
+from dd_queue.bus.types import AppendOp, BlobData, BlobRef, Entry, Lease
+from dd_queue.core.codec import EncodedTensor, Float32Array, TensorHeader, decode
+from dd_queue.errors import BlobMissing, ConfigError, CorruptPayload, PayloadTooLarge, ProtocolError
+from dd_queue.messages import Contribution, GlobalFragment
+from dd_queue.wire import MessageLimits, blob_parts, unpack_blob
 
 BLOB_FIELD = "blob"
 """Stream field that holds ``BlobRef.to_bytes()`` of an entry's payload."""
@@ -85,6 +102,184 @@ def latest_global(bus: Bus, fragment_id: int) -> Entry | None:
     return bus.read_latest(bus.keys.down(fragment_id))
 
 
+# ── typed: messages, blobs and decoding ────────────────────────────────────────────────────
+
+
+def send_contribution(
+    bus: Bus,
+    msg: Contribution,
+    encoded: EncodedTensor,
+    *,
+    ttl_s: float,
+    maxlen: int | None = None,
+) -> tuple[str, BlobRef]:
+    """Publish a contribution: its blob at ``keys.up_blob(fragment, round, learner)`` and an
+    entry (envelope + blob reference) on the fragment's ``up`` stream, in one round trip.
+
+    Args:
+        bus: The run's bus.
+        msg: The contribution; ``msg.tensor`` must be ``encoded.header``.
+        encoded: The codec output (its payload is written without being copied into a blob).
+        ttl_s: Expiry of the blob, seconds (it outlives a round; the synchronizer unlinks it).
+        maxlen: Approximate length the ``up`` stream is trimmed to.
+
+    Returns:
+        ``(entry id, blob ref)``.
+
+    Raises:
+        ValueError: ``msg`` belongs to another run than ``bus`` or describes another tensor.
+    """
+    _check_sendable(bus, msg.run_id, msg.tensor, encoded)
+    key = bus.keys.up_blob(msg.fragment_id, msg.round_id, msg.learner_id)
+    return bus.append_with_blob(
+        bus.keys.up(msg.fragment_id),
+        msg.to_fields(),
+        blob_key=key,
+        data=blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded),
+        ttl_s=ttl_s,
+        ref_field=BLOB_FIELD,
+        maxlen=maxlen,
+    )
+
+
+def read_contribution(
+    bus: Bus,
+    entry: Entry,
+    *,
+    run_id: str,
+    limits: MessageLimits,
+    out: Float32Array | None = None,
+) -> tuple[Contribution, Float32Array]:
+    """Validate an ``up`` entry, fetch its blob and decode it (into ``out`` when given).
+
+    An ``entry.deleted`` (trimmed while pending) has no fields: ack it rather than read it.
+
+    Args:
+        bus: The run's bus.
+        entry: The entry as read through the group.
+        run_id: The reader's run.
+        limits: Envelope, blob and tensor limits (``WireConfig.message_limits()``).
+        out: Writable, C-contiguous float32 buffer of the fragment's size to decode into.
+
+    Returns:
+        The message and the decoded outer gradient (``out`` itself when given).
+
+    Raises:
+        ProtocolError: The subclass says why (CorruptPayload, IncompatibleMessage,
+            PayloadTooLarge, NonFiniteValues); dead-letter the entry.
+        BlobMissing: The payload expired or was never written; the contribution is lost.
+        CoreError: ``out`` is not a writable, C-contiguous float32 array (a caller bug).
+    """
+    msg = Contribution.from_fields(entry.fields, run_id=run_id, limits=limits)
+    _check_stream(entry, bus.keys.up(msg.fragment_id))
+    try:
+        expected_key = bus.keys.up_blob(msg.fragment_id, msg.round_id, msg.learner_id)
+    except ConfigError as exc:
+        raise CorruptPayload(f"entry {entry.id}: learner_id {msg.learner_id!r}: {exc}") from exc
+    ref = blob_ref(entry)
+    if ref.key != expected_key:
+        raise CorruptPayload(f"entry {entry.id} refers to {ref.key!r}, not {expected_key!r}")
+    return msg, _fetch_tensor(bus, ref, msg.tensor, run_id=run_id, limits=limits, out=out)
+
+
+def stage_global_fragment(
+    bus: Bus, lease: Lease, msg: GlobalFragment, encoded: EncodedTensor, *, ttl_s: float
+) -> BlobRef:
+    """Write a global fragment's blob before the fenced commit that publishes it.
+
+    The key names the lease's fencing token (see ``stage_global``). Pass the returned reference
+    to ``global_notification_op`` in the same round's commit.
+
+    Raises:
+        ValueError: ``msg`` belongs to another run, describes another tensor, or is not fp32.
+    """
+    _check_sendable(bus, msg.run_id, msg.tensor, encoded)
+    if msg.tensor.codec != "fp32":
+        raise ValueError(f"global fragments must be fp32 (exact), got {msg.tensor.codec!r}")
+    key = bus.keys.global_blob(msg.fragment_id, msg.version, lease.token)
+    return bus.put_blob(
+        key, blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded), ttl_s=ttl_s
+    )
+
+
+def global_notification_fields(msg: GlobalFragment, ref: BlobRef) -> dict[str, bytes]:
+    """Fields of a ``down`` entry: the envelope and the staged blob's reference."""
+    return {**msg.to_fields(), BLOB_FIELD: ref.to_bytes()}
+
+
+def global_notification_op(
+    bus: Bus, msg: GlobalFragment, ref: BlobRef, *, maxlen: int | None = None
+) -> AppendOp:
+    """The commit op that announces a staged global fragment on its ``down`` stream."""
+    return AppendOp(bus.keys.down(msg.fragment_id), global_notification_fields(msg, ref), maxlen)
+
+
+def read_global(
+    bus: Bus,
+    entry: Entry,
+    *,
+    run_id: str,
+    limits: MessageLimits,
+    out: Float32Array | None = None,
+) -> tuple[GlobalFragment, Float32Array]:
+    """Validate a ``down`` entry, fetch its blob and decode it bit-exactly (fp32).
+
+    Args and raises as ``read_contribution``; the reference must name this fragment's blob of
+    ``msg.version`` (under any fencing token: the commit that appended it was fenced).
+    """
+    msg = GlobalFragment.from_fields(entry.fields, run_id=run_id, limits=limits)
+    _check_stream(entry, bus.keys.down(msg.fragment_id))
+    ref = blob_ref(entry)
+    token = ref.key.rpartition(":t")[2]
+    if not token.isdecimal() or ref.key != bus.keys.global_blob(
+        msg.fragment_id, msg.version, int(token)
+    ):
+        raise CorruptPayload(
+            f"entry {entry.id} refers to {ref.key!r}, not a blob of fragment "
+            f"{msg.fragment_id} version {msg.version}"
+        )
+    return msg, _fetch_tensor(bus, ref, msg.tensor, run_id=run_id, limits=limits, out=out)
+
+
+def rejection_reason(error: ProtocolError | BlobMissing) -> str:
+    """The dead-letter reason of a refused entry: the ``ProtocolError``'s ``reason``
+    (``corrupt``, ``incompatible``, ``too_large``, ``non_finite``) or ``blob_missing``."""
+    return error.reason if isinstance(error, ProtocolError) else "blob_missing"
+
+
+def _check_sendable(bus: Bus, run_id: str, header: TensorHeader, encoded: EncodedTensor) -> None:
+    if run_id != bus.keys.run_id:
+        raise ValueError(f"message of run {run_id!r} sent on the bus of run {bus.keys.run_id!r}")
+    if header != encoded.header:
+        raise ValueError(f"message describes {header}, the payload is {encoded.header}")
+
+
+def _check_stream(entry: Entry, expected: str) -> None:
+    if entry.stream != expected:
+        raise CorruptPayload(
+            f"entry {entry.id} of {entry.stream!r} belongs on {expected!r} by its fragment"
+        )
+
+
+def _fetch_tensor(
+    bus: Bus,
+    ref: BlobRef,
+    header: TensorHeader,
+    *,
+    run_id: str,
+    limits: MessageLimits,
+    out: Float32Array | None,
+) -> Float32Array:
+    """Fetch (size bounded first), check the framing against ``ref`` and ``header``, decode."""
+    if ref.nbytes > limits.max_blob_bytes:
+        raise PayloadTooLarge(
+            f"blob {ref.key!r} of {ref.nbytes} bytes exceeds {limits.max_blob_bytes}"
+        )
+    blob = bus.get_blob(ref)
+    payload = unpack_blob(blob, run_id=run_id, blob_key=ref.key, expect=header, limits=limits)
+    return decode(header, payload, out=out, limits=limits.tensor)
+
+
 def send_command(
     bus: Bus, target: str, fields: Mapping[str, bytes], *, maxlen: int | None = 1000
 ) -> str:
@@ -109,9 +304,16 @@ __all__ = [
     "blob_ref",
     "emit_event",
     "fetch_blob",
+    "global_notification_fields",
+    "global_notification_op",
     "latest_global",
     "publish_contribution",
     "read_commands",
+    "read_contribution",
+    "read_global",
+    "rejection_reason",
     "send_command",
+    "send_contribution",
     "stage_global",
+    "stage_global_fragment",
 ]
