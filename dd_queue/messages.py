@@ -39,12 +39,15 @@ __all__ = [
     "SCHEMA_VERSION",
     "Contribution",
     "ContributorRecord",
+    "EntryOutcome",
+    "EntryOutcomeKind",
     "Event",
     "FaultCommand",
     "GlobalFragment",
     "Heartbeat",
     "Message",
     "MessageLimits",
+    "RoundOpen",
     "RoundRecord",
     "message_from_bytes",
     "pack_blob",
@@ -220,6 +223,40 @@ class ContributorRecord:
     staleness: int
 
 
+EntryOutcomeKind = Literal[
+    "merged", "superseded", "duplicate", "late", "stale", "invalid", "dropped", "carried"
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EntryOutcome:
+    """What became of one contribution stream entry settled by a round's commit.
+
+    ``merged`` entries went into the new version; ``carried`` ones stay pending for the
+    fragment's next round (an abandoned round); every other outcome is acked unmerged, with its
+    reason. Every entry id appears in exactly one record's outcomes (or in the DLQ).
+    """
+
+    entry_id: str
+    learner_id: str
+    round_id: int
+    outcome: EntryOutcomeKind
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RoundOpen(Message):
+    """The synchronizer asks for contributions to ``fragment_id`` in ``round_id`` (run-wide
+    ``open`` stream; learners follow it with non-blocking reads)."""
+
+    TYPE: ClassVar[str] = "open"
+    run_id: str
+    fragment_id: int
+    round_id: int
+    opened_at_s: float
+    reason: str
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RoundRecord(Message):
     """What one round of one fragment did and why (for the API, dashboard and audits).
@@ -237,6 +274,7 @@ class RoundRecord(Message):
     decision: Literal["merge", "abandon"]
     reason: str
     contributors: tuple[ContributorRecord, ...]
+    entries: tuple[EntryOutcome, ...]
     opened_at_s: float
     quorum_at_s: float | None
     closed_at_s: float
@@ -289,7 +327,8 @@ class Event(Message):
 
 
 _TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Contribution, GlobalFragment, Heartbeat, RoundRecord, FaultCommand, Event)
+    c.TYPE: c
+    for c in (Contribution, GlobalFragment, Heartbeat, RoundOpen, RoundRecord, FaultCommand, Event)
 }
 
 

@@ -26,12 +26,14 @@ from dd_queue.messages import (
     SCHEMA_VERSION,
     Contribution,
     ContributorRecord,
+    EntryOutcome,
     Event,
     FaultCommand,
     GlobalFragment,
     Heartbeat,
     Message,
     MessageLimits,
+    RoundOpen,
     RoundRecord,
     message_from_bytes,
     pack_blob,
@@ -101,6 +103,18 @@ def examples() -> list[Message]:
                 ContributorRecord(learner_id="L0", weight=0.6, n_tokens=9, n_steps=3, staleness=0),
                 ContributorRecord(learner_id="L1", weight=0.4, n_tokens=6, n_steps=3, staleness=1),
             ),
+            entries=(
+                EntryOutcome(
+                    entry_id="1-0", learner_id="L0", round_id=17, outcome="merged", reason="ok"
+                ),
+                EntryOutcome(
+                    entry_id="2-0",
+                    learner_id="L2",
+                    round_id=12,
+                    outcome="stale",
+                    reason="L2 base v1 is 5 versions behind v6 > max_staleness 4",
+                ),
+            ),
             opened_at_s=10.0,
             quorum_at_s=10.5,
             closed_at_s=10.9,
@@ -122,6 +136,7 @@ def examples() -> list[Message]:
             fields={"fragment_id": 2, "lag_s": -0.5},
             at_s=1.7e9,
         ),
+        RoundOpen(run_id=RUN, fragment_id=2, round_id=17, opened_at_s=10.0, reason="due"),
     ]
 
 
@@ -350,7 +365,7 @@ def test_mistyped_fields_of_other_messages_are_corrupt(
 
 
 def test_abandoned_round_keeps_its_version() -> None:
-    merged = examples()[3]
+    merged = next(m for m in examples() if isinstance(m, RoundRecord))
     abandoned = dataclasses.replace(merged, decision="abandon", version_after=5)  # type: ignore[type-var]
     assert RoundRecord.from_bytes(abandoned.to_bytes(), run_id=RUN, limits=LIMITS) == abandoned
     bad = dataclasses.replace(merged, decision="abandon")  # type: ignore[type-var]
