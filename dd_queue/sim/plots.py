@@ -1,0 +1,134 @@
+"""PNG plots of simulation results; matplotlib is optional (``pip install 'dd_queue[plots]'``).
+
+- ``plot_goodput_vs_chips`` — goodput against chips (log scale), one line per regime and M.
+- ``plot_timeline`` — a short window of one simulation: per group, when it trains, stalls or
+  loses work, and when its slices fail (ticks). Plain and elastic DP are one row each; Decoupled
+  DiLoCo has one row per learner.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dd_queue.errors import ConfigError
+from dd_queue.sim.regimes import RegimeResult
+from dd_queue.sim.timeline import KIND_TRAINING, KIND_WAITING, GroupTimeline
+
+__all__ = ["matplotlib_available", "plot_goodput_vs_chips", "plot_timeline"]
+
+_COLOURS = {
+    "training": "#2e7d32",
+    "stalled": "#ef6c00",
+    "lost": "#c62828",
+    "checkpoint": "#1565c0",
+    "down": "#9e9e9e",
+}
+
+
+def matplotlib_available() -> bool:
+    """Whether matplotlib can be imported."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def _pyplot() -> Any:
+    if not matplotlib_available():
+        raise ConfigError(
+            "plots need matplotlib, which is not installed: pip install 'dd_queue[plots]' "
+            "(or pip install matplotlib), or leave out --plot"
+        )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_goodput_vs_chips(rows: Sequence[tuple[int, RegimeResult]], path: Path) -> Path:
+    """Goodput vs chips per regime and M; writes ``path`` (PNG) and returns it.
+
+    Raises:
+        ConfigError: If matplotlib is missing.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    labels = list(dict.fromkeys(r.label for _, r in rows))
+    for label in labels:
+        pts = sorted((c, r.goodput) for c, r in rows if r.label == label)
+        ax.plot([c for c, _ in pts], [100 * g for _, g in pts], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("chips")
+    ax.set_ylabel("goodput (%)")
+    ax.set_title("Goodput vs chips")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(
+    results: Sequence[RegimeResult], path: Path, *, window_s: tuple[float, float]
+) -> Path:
+    """Timeline of ``window_s`` for every regime's groups; writes ``path`` (PNG).
+
+    Raises:
+        ConfigError: If matplotlib is missing or no result kept its timelines.
+    """
+    rows = [(r.label, tl) for r in results for tl in r.timelines]
+    if not rows:
+        raise ConfigError("no timelines to plot: simulate with keep_timelines=True")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.4), dpi=120)
+    for y, (_, tl) in enumerate(reversed(rows)):
+        _draw_group(ax, y, tl, window_s)
+    names = [
+        f"{label}:{tl.name}" if label.startswith("decoupled") else label
+        for label, tl in reversed(rows)
+    ]
+    ax.set_yticks(range(len(rows)), names, fontsize=7)
+    ax.set_xlim(*window_s)
+    ax.set_xlabel("time (s)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLOURS.values()]
+    ax.legend(
+        handles,
+        ["training", "stalled", "lost work", "checkpoint", "some chips down"],
+        fontsize=7,
+        loc="upper right",
+        ncol=4,
+    )
+    ax.set_title("Who is training (failures as black ticks)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _draw_group(ax: Any, y: int, tl: GroupTimeline, window_s: tuple[float, float]) -> None:
+    lo, hi = window_s
+    keep = (tl.end_s > lo) & (tl.start_s < hi)
+    s = np.clip(tl.start_s[keep], lo, hi)
+    e = np.clip(tl.end_s[keep], lo, hi)
+    training = (tl.kind[keep] == KIND_TRAINING) & (tl.active_chips[keep] > 0)
+    stalled = tl.stalled[keep]
+    pause = tl.kind[keep] == KIND_WAITING
+    for mask, colour in (
+        (training, "training"),
+        (stalled, "stalled"),
+        (~training & ~stalled & ~pause, "lost"),
+        (pause, "checkpoint"),
+    ):
+        spans = list(zip(s[mask], (e - s)[mask], strict=True))
+        ax.broken_barh(spans, (y - 0.35, 0.7), color=_COLOURS[colour], linewidth=0)
+    down = tl.down_chips[keep] > 0
+    spans = list(zip(s[down], (e - s)[down], strict=True))
+    ax.broken_barh(spans, (y - 0.45, 0.1), color=_COLOURS["down"], linewidth=0)
+    ticks = tl.failures_s[(tl.failures_s >= lo) & (tl.failures_s < hi)]
+    ax.vlines(ticks, y - 0.45, y + 0.45, color="black", linewidth=0.8)
