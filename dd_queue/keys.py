@@ -28,8 +28,14 @@ key                                    type    written by         content
                                                                   (broadcast; read with ``XREAD``)
 ``F rounds``                           stream  synchronizer       round records, in the commit
 ``F dlq``                              stream  synchronizer       dead-lettered contributions
-``F lease``                            string  synchronizer       ``<token>:<owner>`` with ``PX``
-``F lease:fence``                      string  lease acquire      fencing counter (``INCR``)
+``F lease``                            string  synchronizer       ``<token>:<nonce>:<owner>`` with
+                                                                  ``PX``; the nonce is new on every
+                                                                  acquisition
+``F lease:fence``                      string  lease acquire      last fencing token handed out
+``F lease:commit:<commit id>``         string  fenced commit      result of a commit, for replay
+                                                                  of a retried one (``PX``)
+``F dlq:moved:<src>:<entry id>``       string  dead_letter        id of the dead-letter copy, so a
+                                                                  retried move is a no-op (``PX``)
 ``ddq:R:{R.hb}:seen``                  zset    every process      member → last beat (server ms)
 ``ddq:R:{R.hb}:expiry``                zset    every process      member → expiry (server ms)
 ``ddq:R:{R.hb}:data``                  hash    every process      member → heartbeat payload
@@ -42,11 +48,17 @@ Group name: ``synchronizers`` (:data:`SYNC_GROUP`) on every ``up`` stream.
 
 Identifiers that become part of a key (run id, learner id, command target, heartbeat member) must
 match ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``: no braces (they would move the hash tag), no colons
-(they separate key parts).
+(they separate key parts). A commit id is the last part of its key, so it may also hold colons
+(``"<fragment>:<version>"``): ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}``.
+
+Fencing tokens are at least the server's clock in microseconds when the lease is taken (and above
+the last token of the ``fence`` key), so they keep growing across a Redis restart that lost the
+counter, as long as the server's clock does not step back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from dd_queue.errors import ConfigError
@@ -54,7 +66,9 @@ from dd_queue.errors import ConfigError
 SYNC_GROUP = "synchronizers"
 """Consumer group of the synchronizers on every fragment's ``up`` stream."""
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_COMMIT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+_FENCED_BLOB = re.compile(r"(?:global|momentum):[0-9]+:t[0-9]+")
 
 
 def check_name(kind: str, value: str) -> str:
@@ -70,7 +84,7 @@ def check_name(kind: str, value: str) -> str:
     Raises:
         ConfigError: ``value`` is not 1-64 of letters, digits, ``_ . -``.
     """
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ConfigError(
             f"{kind} {value!r} must be 1-64 characters of letters, digits, '_', '.', '-', "
             "starting with a letter or digit (no braces or colons: it becomes part of Redis keys)"
@@ -99,6 +113,35 @@ def blob_chunk_key(blob_key: str, index: int) -> str:
 def fence_key(lease_key: str) -> str:
     """Key of the fencing-token counter that belongs to a lease key (same hash tag)."""
     return f"{lease_key}:fence"
+
+
+def check_commit_id(commit_id: str) -> str:
+    """Return ``commit_id`` if it can name a commit marker key, else raise.
+
+    Raises:
+        ConfigError: not 1-128 of letters, digits, ``_ . : -`` starting with a letter or digit.
+    """
+    if not isinstance(commit_id, str) or not _COMMIT_ID.fullmatch(commit_id):
+        raise ConfigError(
+            f"commit_id {commit_id!r} must be 1-128 characters of letters, digits, '_', '.', "
+            "':', '-', starting with a letter or digit (e.g. f'{fragment}:{version}')"
+        )
+    return commit_id
+
+
+def commit_marker_key(lease_key: str, commit_id: str) -> str:
+    """Key that remembers the result of commit ``commit_id`` under a lease (same hash tag)."""
+    return f"{lease_key}:commit:{check_commit_id(commit_id)}"
+
+
+def dead_letter_marker_key(dlq_key: str, stream: str, entry_id: str) -> str:
+    """Key that remembers that entry ``entry_id`` of ``stream`` was moved to ``dlq_key``.
+
+    It extends the dead-letter stream's key (same hash tag); the source stream is named by a
+    short digest, so entries of two streams with the same id never share a marker.
+    """
+    digest = hashlib.blake2s(stream.encode(), digest_size=6).hexdigest()
+    return f"{dlq_key}:moved:{digest}:{entry_id}"
 
 
 def hash_tag(key: str) -> str | None:
@@ -130,6 +173,20 @@ class Keys:
 
     def __repr__(self) -> str:
         return f"Keys({self.run_id!r})"
+
+    def is_blob_key(self, key: str) -> bool:
+        """Whether ``key`` is a blob key of this run: a fragment's ``blob:…`` key, or a staged
+        ``global:<v>:t<token>`` / ``momentum:<v>:t<token>`` key. Readers check a reference
+        taken from a stream entry with this before they read or delete anything."""
+        head = f"{self.prefix}" + "{" + f"{self.run_id}.f"
+        if not key.startswith(head):
+            return False
+        fragment, sep, rest = key[len(head) :].partition("}:")
+        if not (sep and fragment.isdecimal() and fragment.isascii()) or "{" in rest:
+            return False
+        if rest.startswith("blob:"):
+            return len(rest) > len("blob:") and "}" not in rest
+        return _FENCED_BLOB.fullmatch(rest) is not None
 
     # ── per fragment (hash tag {<run>.f<k>}) ────────────────────────────────────────────────
     def fragment_tag(self, fragment_id: int) -> str:
@@ -209,4 +266,21 @@ class Keys:
         return f"{self.prefix}open"
 
 
-__all__ = ["SYNC_GROUP", "Keys", "blob_chunk_key", "check_name", "fence_key", "hash_tag"]
+def names_fencing_token(key: str) -> bool:
+    """Whether ``key`` is a staged blob named after a fencing token (``global:<v>:t<token>``,
+    ``momentum:<v>:t<token>``): such keys are written only if absent (``SET NX``)."""
+    return _FENCED_BLOB.fullmatch(key.rpartition("}:")[2]) is not None
+
+
+__all__ = [
+    "SYNC_GROUP",
+    "Keys",
+    "blob_chunk_key",
+    "check_commit_id",
+    "check_name",
+    "commit_marker_key",
+    "dead_letter_marker_key",
+    "fence_key",
+    "hash_tag",
+    "names_fencing_token",
+]

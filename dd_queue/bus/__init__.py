@@ -8,16 +8,21 @@ from dd_queue.bus.base import Bus
 from dd_queue.bus.memory import MemoryBus
 from dd_queue.bus.redis_streams import RedisBus, RedisOptions
 from dd_queue.bus.types import (
+    COMMIT_MARKER_TTL_S,
     DEFAULT_CHUNK_BYTES,
+    MAX_BLOB_BYTES,
+    MAX_BLOB_CHUNKS,
     AckOp,
     AppendOp,
     BlobData,
     BlobRef,
     CommitOp,
     CommitResult,
+    DeadLetterOp,
     DeleteOp,
     Entry,
     HeartbeatInfo,
+    InvalidArgument,
     Lease,
     PendingEntry,
     PendingSummary,
@@ -26,7 +31,10 @@ from dd_queue.bus.types import (
 )
 
 __all__ = [
+    "COMMIT_MARKER_TTL_S",
     "DEFAULT_CHUNK_BYTES",
+    "MAX_BLOB_BYTES",
+    "MAX_BLOB_CHUNKS",
     "AckOp",
     "AppendOp",
     "BlobData",
@@ -34,9 +42,11 @@ __all__ = [
     "Bus",
     "CommitOp",
     "CommitResult",
+    "DeadLetterOp",
     "DeleteOp",
     "Entry",
     "HeartbeatInfo",
+    "InvalidArgument",
     "Lease",
     "MemoryBus",
     "PendingEntry",

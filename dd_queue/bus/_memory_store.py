@@ -12,6 +12,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dd_queue.bus._values import check_fields, check_key, check_maxlen
 from dd_queue.bus.types import DEFAULT_CHUNK_BYTES, Entry, format_stream_id, parse_stream_id
 from dd_queue.clock import Clock, SystemClock
 from dd_queue.errors import BusError
@@ -103,13 +104,14 @@ class Stream:
         return new_ids
 
     def redeliver_own(
-        self, group: Group, consumer: str, count: int, now_s: float
+        self, group: Group, consumer: str, count: int, now_s: float, after: StreamId = (0, 0)
     ) -> list[tuple[StreamId, int]]:
-        """``XREADGROUP … 0``: the consumer's pending ids; live ones count one more delivery."""
+        """``XREADGROUP … <after>``: the consumer's pending ids above ``after``; live ones count
+        one more delivery."""
         out: list[tuple[StreamId, int]] = []
         for pending_id in sorted(group.pel):
             pending = group.pel[pending_id]
-            if pending.consumer != consumer:
+            if pending.consumer != consumer or pending_id <= after:
                 continue
             if pending_id in self.data:  # Redis does not count re-reads of trimmed entries
                 pending.count += 1
@@ -160,6 +162,8 @@ class MemoryCore:
         self._data: dict[str, Stream | Value] = {}
         self._beats: dict[str, tuple[bytes, float, float]] = {}  # payload, seen_s, expires_s
         self._writes = 0
+        self._waiting = 0
+        self._closed = False
 
     @property
     def keys(self) -> Keys:
@@ -168,6 +172,17 @@ class MemoryCore:
     @property
     def blob_chunk_bytes(self) -> int:
         return self._chunk_bytes
+
+    @property
+    def waiting_readers(self) -> int:
+        """How many blocking reads are waiting for an entry right now (for tests that must
+        append only once a reader really blocks, like ``blocked_clients`` on Redis)."""
+        with self._cond:
+            return self._waiting
+
+    def _refuse_if_closed(self, what: str) -> None:
+        if self._closed:
+            raise BusError(f"bus closed: {what} after close() (build a new bus)")
 
     def _value(self, key: str) -> Value | None:
         """Live string value at ``key`` (expired ones are dropped); a stream is WRONGTYPE."""
@@ -202,6 +217,11 @@ class MemoryCore:
         found = self._stream_or_new(stream)
         return found, found.groups.setdefault(group, Group())
 
+    def _existing_group(self, stream: str, group: str) -> Group | None:
+        """The group if it exists; creates nothing (read-only inspection)."""
+        found = self._stream(stream)
+        return found.groups.get(group) if found else None
+
     def _put(self, key: str, data: bytes, ttl_s: float | None) -> None:
         self._writes += 1
         now = self._clock.now()
@@ -211,7 +231,15 @@ class MemoryCore:
                 del self._data[key_to_drop]
         self._data[key] = Value(bytes(data), None if ttl_s is None else now + ttl_s)
 
+    def _check_append(self, stream: str, fields: Mapping[str, bytes], maxlen: int | None) -> None:
+        """Everything that could make an append fail, checked before any write."""
+        check_key("stream", stream)
+        check_fields("append fields", fields)
+        check_maxlen("append maxlen", maxlen)
+        self._stream(stream)  # WRONGTYPE for a string key
+
     def _append(self, stream: str, fields: Mapping[str, bytes], maxlen: int | None) -> str:
+        self._check_append(stream, fields, maxlen)
         target = self._stream_or_new(stream)
         now_ms = int(self._clock.now() * 1000)
         new_id = target.add(now_ms, {name: bytes(value) for name, value in fields.items()})
@@ -238,5 +266,7 @@ class MemoryCore:
             return existing
 
     def close(self) -> None:
+        """Wake every blocked reader; they (and later reads) raise ``BusError("bus closed")``."""
         with self._cond:
+            self._closed = True
             self._cond.notify_all()

@@ -10,7 +10,11 @@ call goes through :meth:`Connections.call`, which retries connection errors and 
 ``Retry(ExponentialWithJitterBackoff)`` until ``unavailable_after_s`` has passed since the first
 failure, then raises ``BusUnavailable``. A retried XADD may be applied twice (the first reply was
 lost), and a retried ``XREADGROUP >`` may leave an entry pending unseen: consumers dedupe, and the
-reclaim loop picks such entries up.
+reclaim loop picks such entries up. The fenced commit and the dead-letter move are retried
+safely: their scripts leave a marker and replay the first result (see ``_scripts``).
+
+Not retried: a full connection pool ("Too many connections": the server is fine, this process
+uses more connections than ``max_connections``), and anything after :meth:`Connections.close`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import PythonRespSerializer
 from redis.retry import Retry
 
+from dd_queue.bus._values import InvalidArgument
 from dd_queue.bus.types import DEFAULT_CHUNK_BYTES
 from dd_queue.errors import BusError, BusUnavailable, ConfigError, LeaseLost
 
@@ -111,6 +116,8 @@ def bus_error(exc: redis.ResponseError, what: str) -> BusError:
         return LeaseLost(
             f"{message.removeprefix('DDQ_LEASE_LOST ')}; stop acting for this lease, re-acquire"
         )
+    if message.startswith("DDQ_"):
+        return BusError(f"{what}: {message.partition(' ')[2]}")
     # fakeredis answers a group read on a missing key with XGROUP's "requires the key to
     # exist" instead of Redis's NOGROUP; both mean the group must be recreated.
     if message.startswith("NOGROUP") or "requires the key to exist" in message:
@@ -180,6 +187,7 @@ class Connections:
         self.control, self.reader, self.blobs, self.heartbeat = control, reader, blobs, heartbeat
         self._options = options
         self._where = where
+        self._closed = False
         self._retry = Retry(
             ExponentialWithJitterBackoff(cap=options.retry_cap_s, base=options.retry_base_s),
             retries=-1,  # unbounded count; the time bound is enforced in `call`
@@ -204,17 +212,37 @@ class Connections:
             where=redact_url(url),
         )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _refuse_if_closed(self, what: str, error: Exception | None = None) -> None:
+        if self._closed:
+            raise BusError(f"bus closed: {what} after close() (build a new bus)") from error
+
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn``, retrying connection failures for up to ``unavailable_after_s``.
 
         Raises:
             BusUnavailable: The server stayed unreachable for the whole bound.
-            BusError: The server refused the command (mapped by :func:`bus_error`).
+            BusError: The server refused the command (mapped by :func:`bus_error`), the
+                connection pool is exhausted, or the bus was closed (also while ``fn`` was
+                blocked: :meth:`close` breaks the connection and the retry stops).
+            InvalidArgument: redis-py refused an argument before sending it.
         """
+        self._refuse_if_closed(what)
         first_failure_s: float | None = None
 
         def fail(error: Exception, failures: int) -> None:
             nonlocal first_failure_s
+            self._refuse_if_closed(what, error)
+            if isinstance(error, redis.ConnectionError) and "Too many connections" in str(error):
+                raise BusError(
+                    f"connection pool exhausted during {what}: more than "
+                    f"{self._options.max_connections} connections of one client in use at once; "
+                    "raise redis.max_connections or use fewer threads per bus"
+                ) from error
             now = time.monotonic()
             if first_failure_s is None:
                 first_failure_s = now
@@ -232,7 +260,12 @@ class Connections:
         try:
             result = self._retry.call_with_retry(fn, fail, with_failure_count=True)
         except redis.ResponseError as exc:
+            self._refuse_if_closed(what, exc)
             raise bus_error(exc, what) from exc
+        except redis.DataError as exc:
+            raise InvalidArgument(f"{what}: {exc}") from exc
+        if self._closed:  # fn raced close() and opened a new connection: drop it again
+            self._disconnect_all()
         if first_failure_s is not None:
             log.info("bus.reconnected %s", what, extra=self._extra(what))
         return result
@@ -241,9 +274,23 @@ class Connections:
         return {"ddq": {"op": what, "server": self._where}}
 
     def close(self) -> None:
-        """Close every distinct client (they may be the same object when injected)."""
+        """Close every distinct client (they may be the same object when injected).
+
+        In-use connections are closed too: a thread blocked in a read gets a connection error,
+        which :meth:`call` turns into ``BusError("bus closed")`` instead of reconnecting.
+        """
+        self._closed = True
+        self._disconnect_all()
+
+    def _disconnect_all(self) -> None:
         seen: set[int] = set()
         for client in (self.control, self.reader, self.blobs, self.heartbeat):
             if id(client) not in seen:
                 seen.add(id(client))
-                client.close()
+                try:
+                    client.close()
+                    client.connection_pool.disconnect(inuse_connections=True)
+                except (OSError, ValueError, redis.RedisError) as exc:  # best effort
+                    # (fakeredis cannot shut down a socket another thread is reading from;
+                    # that reader then stops at its next BLOCK split, within max_block_ms)
+                    log.debug("bus.close %s", exc)

@@ -3,35 +3,55 @@
 A mixin of :class:`~dd_queue.bus.redis_streams.RedisBus` (which sets the attributes declared
 here). Blob chunks go through the payload client, heartbeats through their own client, all
 else through the control client.
+
+Blobs whose key names a fencing token (``keys.names_fencing_token``: staged global fragments and
+momentum) are written only where the key is free (``SET NX``, chunk 0 first), so a stale holder
+can never overwrite what the current holder committed. A chunk that is already there with the
+same bytes is our own retried write and counts as written.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from redis.commands.core import Script
 from redis.typing import EncodableT, FieldT
 
 from dd_queue.bus import _chunks, _replies, _scripts
 from dd_queue.bus._redis_conn import Connections, RedisOptions
+from dd_queue.bus._values import check_fields, check_key, check_maxlen
+from dd_queue.bus.commit_ops import PrimitiveOp, primitive_ops
 from dd_queue.bus.types import (
+    COMMIT_MARKER_TTL_S,
     AckOp,
     AppendOp,
     BlobData,
     BlobRef,
+    Buffer,
     CommitOp,
     CommitResult,
     HeartbeatInfo,
     Lease,
     SetOp,
+    check_blob_ref,
+    check_blob_size,
     check_same_slot,
     commit_keys,
     ttl_ms,
 )
 from dd_queue.clock import Clock
 from dd_queue.errors import LeaseLost
-from dd_queue.keys import Keys, blob_chunk_key, check_name, fence_key
+from dd_queue.keys import (
+    Keys,
+    blob_chunk_key,
+    check_name,
+    commit_marker_key,
+    fence_key,
+    names_fencing_token,
+)
 
 log = logging.getLogger("dd_queue.bus")
 
@@ -85,9 +105,14 @@ class RedisKeyValueOps:
         return sum(_replies.as_int(n) for n in self._conn.call("delete", send))
 
     # ── blobs ─────────────────────────────────────────────────────────────────────────────
-    def put_blob(self, key: str, data: BlobData, *, ttl_s: float) -> BlobRef:
+    def put_blob(self, key: str, data: BlobData, *, ttl_s: float | None) -> BlobRef:
+        check_key("blob key", key)
         chunks, total = _chunks.split_chunks(data, self._options.blob_chunk_bytes)
-        px_ms = ttl_ms(ttl_s)
+        check_blob_size(key, total, len(chunks))
+        px_ms = None if ttl_s is None else ttl_ms(ttl_s)
+        if names_fencing_token(key):
+            self._put_exclusive(key, chunks, px_ms)
+            return BlobRef(key, len(chunks), total)
 
         def send() -> list[object]:
             with self._conn.blobs.pipeline(transaction=False) as pipe:
@@ -97,6 +122,27 @@ class RedisKeyValueOps:
 
         self._conn.call("put_blob", send)
         return BlobRef(key, len(chunks), total)
+
+    def _put_exclusive(self, key: str, chunks: list[Buffer], px_ms: int | None) -> None:
+        """Write chunks with ``SET NX``: chunk 0 first (it claims the name), then the rest."""
+
+        def send(indices: range) -> list[object]:
+            with self._conn.blobs.pipeline(transaction=False) as pipe:
+                for index in indices:
+                    pipe.set(blob_chunk_key(key, index), chunks[index], px=px_ms, nx=True)
+                return pipe.execute()
+
+        for indices in (range(1), range(1, len(chunks))):
+            if not indices:
+                continue
+            written = self._conn.call("put_blob", partial(send, indices))
+            for index, ok in zip(indices, written, strict=True):
+                if not ok and self._get_chunk(blob_chunk_key(key, index)) != bytes(chunks[index]):
+                    raise LeaseLost(
+                        f"staged blob {key!r} (chunk {index}) already holds another payload: "
+                        "another holder staged under the same fencing token; stop acting for "
+                        "this lease and re-acquire (a new token names a new key)"
+                    )
 
     def append_with_blob(
         self,
@@ -110,11 +156,24 @@ class RedisKeyValueOps:
         maxlen: int | None = None,
         approximate: bool = True,
     ) -> tuple[str, BlobRef]:
+        check_key("stream", stream)
+        check_key("blob key", blob_key)
+        entry = encode_fields(check_fields("append fields", {**fields, ref_field: b""}))
+        check_maxlen("append maxlen", maxlen)
         chunks, total = _chunks.split_chunks(data, self._options.blob_chunk_bytes)
+        check_blob_size(blob_key, total, len(chunks))
         ref = BlobRef(blob_key, len(chunks), total)
-        entry = encode_fields(fields)
         entry[ref_field] = ref.to_bytes()
         px_ms = ttl_ms(ttl_s)
+        if names_fencing_token(blob_key):  # exclusive write first, then the reference
+            self._put_exclusive(blob_key, chunks, px_ms)
+            raw = self._conn.call(
+                "append_with_blob",
+                lambda: self._conn.control.xadd(
+                    stream, entry, maxlen=maxlen, approximate=approximate
+                ),
+            )
+            return _replies.as_str(raw, "XADD"), ref
 
         def send() -> list[object]:
             # Chunks before the reference: the server runs a pipeline in order, so whoever
@@ -129,6 +188,7 @@ class RedisKeyValueOps:
         return _replies.as_str(results[-1], "XADD"), ref
 
     def get_blob(self, ref: BlobRef) -> bytes:
+        check_blob_ref(ref, self._keys, self._options.blob_chunk_bytes)
         values: list[bytes | None] = []
         for key in ref.chunk_keys():  # one GET per chunk: no giant pipelined reply buffer
             value = self._get_chunk(key)
@@ -144,18 +204,21 @@ class RedisKeyValueOps:
         )
 
     def delete_blobs(self, refs: Sequence[BlobRef]) -> int:
+        for ref in refs:  # every reference first: a forged one deletes nothing
+            check_blob_ref(ref, self._keys, self._options.blob_chunk_bytes)
         return self.delete([key for ref in refs for key in ref.chunk_keys()])
 
     # ── leases and fenced commits ─────────────────────────────────────────────────────────
     def acquire_lease(self, name: str, owner: str, *, ttl_s: float) -> Lease | None:
-        px_ms, sent_s = ttl_ms(ttl_s), self._clock.now()
+        check_key("lease name", name)
+        px_ms, sent_s, nonce = ttl_ms(ttl_s), self._clock.now(), secrets.token_hex(8)
         raw = self._conn.call(
             "acquire_lease",
-            lambda: self._acquire_script(keys=[name, fence_key(name)], args=[owner, px_ms]),
+            lambda: self._acquire_script(keys=[name, fence_key(name)], args=[owner, px_ms, nonce]),
         )
         if raw is None:
             return None
-        lease = Lease(name, owner, _replies.as_int(raw), sent_s + ttl_s)
+        lease = Lease(name, owner, _replies.as_int(raw), sent_s + ttl_s, nonce)
         log.info("bus.lease.acquired %s token %d by %s", name, lease.token, owner)
         return lease
 
@@ -163,30 +226,37 @@ class RedisKeyValueOps:
         px_ms, sent_s = ttl_ms(ttl_s), self._clock.now()
         raw = self._conn.call(
             "renew_lease",
-            lambda: self._renew_script(keys=[lease.name], args=[_lease_value(lease), px_ms]),
+            lambda: self._renew_script(keys=[lease.name], args=[lease.value, px_ms]),
         )
         if _replies.as_int(raw) != 1:
             raise LeaseLost(
                 f"lease {lease.name!r} token {lease.token} of {lease.owner!r} expired or was "
                 "taken over; stop acting for it and re-acquire"
             )
-        return Lease(lease.name, lease.owner, lease.token, sent_s + ttl_s)
+        return Lease(lease.name, lease.owner, lease.token, sent_s + ttl_s, lease.nonce)
 
     def release_lease(self, lease: Lease) -> bool:
         raw = self._conn.call(
             "release_lease",
-            lambda: self._release_script(keys=[lease.name], args=[_lease_value(lease)]),
+            lambda: self._release_script(keys=[lease.name], args=[lease.value]),
         )
         return _replies.as_int(raw) == 1
 
-    def commit(self, lease: Lease, ops: Sequence[CommitOp]) -> CommitResult:
-        check_same_slot(lease.name, [key for op in ops for key in commit_keys(op)])
-        keys, args = _commit_args(lease, ops)
+    def commit(self, lease: Lease, ops: Sequence[CommitOp], *, commit_id: str) -> CommitResult:
+        marker = commit_marker_key(lease.name, commit_id)
+        steps = primitive_ops(ops)
+        check_same_slot(lease.name, [key for op in steps for key in commit_keys(op)])
+        keys, args = _commit_args(lease, marker, steps)
         raw = self._conn.call("commit", lambda: self._commit_script(keys=keys, args=args))
-        ids, acked = _replies.as_list(raw, "commit")
-        return CommitResult(
-            tuple(_replies.as_str(i) for i in _replies.as_list(ids)), _replies.as_int(acked)
+        ids, acked, replayed = _replies.as_list(raw, "commit")
+        result = CommitResult(
+            tuple(_replies.as_str(i) for i in _replies.as_list(ids)),
+            _replies.as_int(acked),
+            replayed=_replies.as_int(replayed) == 1,
         )
+        if result.replayed:
+            log.info("bus.commit.replayed %s %s", lease.name, commit_id)
+        return result
 
     # ── heartbeats (own connection) ───────────────────────────────────────────────────────
     def _beat_keys(self) -> list[str]:
@@ -227,14 +297,12 @@ class RedisKeyValueOps:
         return _replies.as_int(raw) == 1
 
 
-def _lease_value(lease: Lease) -> str:
-    return f"{lease.token}:{lease.owner}"
-
-
-def _commit_args(lease: Lease, ops: Sequence[CommitOp]) -> tuple[list[str], list[EncodableT]]:
+def _commit_args(
+    lease: Lease, marker: str, ops: Sequence[PrimitiveOp]
+) -> tuple[list[str], list[EncodableT]]:
     """Flatten ops into the KEYS/ARGV layout that ``_scripts.COMMIT`` parses."""
-    keys: list[str] = [lease.name]
-    args: list[EncodableT] = [_lease_value(lease)]
+    keys: list[str] = [lease.name, marker]
+    args: list[EncodableT] = [lease.value, ttl_ms(COMMIT_MARKER_TTL_S)]
     for op in ops:
         if isinstance(op, SetOp):
             keys.append(op.key)

@@ -5,8 +5,13 @@ fallback, so a restarted server that lost its script cache is handled). Every sc
 only the keys it is given, all of one hash tag, so it runs unchanged on a Redis Cluster.
 
 Redis runs a script atomically but does not roll back: a failing command leaves earlier writes
-applied. So each writing script first checks everything that could fail (lease token, key
-types) and only then writes. Errors the caller maps to exceptions start with ``DDQ_``.
+applied. So each writing script first checks everything that could fail (lease value, key
+types) and only then writes; arguments were checked by the caller (``commit_ops``) before the
+script was sent. Errors the caller maps to exceptions start with ``DDQ_``.
+
+A bus call whose reply is lost is retried (``_redis_conn``). The commit and the dead-letter move
+therefore leave a marker key (same hash tag, with a TTL) holding their result: a retry finds it
+and returns that result instead of applying everything twice.
 """
 
 from __future__ import annotations
@@ -23,18 +28,29 @@ local function check_stream(key)
 end
 """
 
-# KEYS[1] lease, KEYS[2] fencing counter; ARGV[1] owner, ARGV[2] ttl ms.
-# The lease value is "<token>:<owner>"; a free, expired or own lease gets a new, larger token.
+# KEYS[1] lease, KEYS[2] fencing counter; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] nonce.
+# The lease value is "<token>:<nonce>:<owner>"; a free, expired or own lease gets a new token:
+# max(last token + 1, server time in microseconds). Time keeps tokens growing across a restart
+# that lost the counter; doubles hold such integers exactly (< 2^53), '%.0f' prints them whole.
+# Returns the token as a string, or nil while another owner holds the lease.
 ACQUIRE_LEASE = """
 local current = redis.call('GET', KEYS[1])
 if current then
-  local sep = string.find(current, ':', 1, true)
-  if string.sub(current, sep + 1) ~= ARGV[1] then
+  local holder = string.match(current, '^%d+:[^:]*:(.*)$')
+  if holder == nil then
+    return redis.error_reply('DDQ_BAD_LEASE ' .. KEYS[1] .. ' holds ' ..
+      string.sub(current, 1, 80) .. ', not a lease value; delete the key')
+  end
+  if holder ~= ARGV[1] then
     return false
   end
 end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local token = string.format('%.0f', math.max(last + 1, now_us))
+redis.call('SET', KEYS[2], token)
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[3] .. ':' .. ARGV[1], 'PX', ARGV[2])
 return token
 """
 
@@ -56,19 +72,31 @@ end
 return 0
 """
 
-# KEYS[1] lease; KEYS[2..] one key per op. ARGV[1] expected lease value, then per op its code
-# and arguments:  S value px|''   X maxlen|'' nfields f1 v1 ...   A group nids id1 ...   D
-# Returns {appended ids, acked count}. Refuses (DDQ_LEASE_LOST / DDQ_WRONGTYPE) before any write.
+# KEYS[1] lease, KEYS[2] commit marker, KEYS[3..] one key per op. ARGV[1] expected lease value,
+# ARGV[2] marker ttl ms, then per op its code and arguments:
+#   S value px|''   X maxlen|'' nfields f1 v1 ...   A group nids id1 ...   D
+# Returns {appended ids, acked count, replayed 0|1}. A marker written under the same lease value
+# means this commit already ran (its reply was lost): its result is returned, nothing reapplied.
+# Otherwise refuses (DDQ_LEASE_LOST / DDQ_WRONGTYPE) before any write.
 COMMIT = (
     _PRELUDE
     + """
+local marker = redis.call('GET', KEYS[2])
+if marker then
+  local acked, ids, holder = string.match(marker, '^(%d+)\\n([^\\n]*)\\n(.*)$')
+  if holder == ARGV[1] then
+    local out = {}
+    for id in string.gmatch(ids, '%S+') do out[#out + 1] = id end
+    return {out, tonumber(acked), 1}
+  end
+end
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then
   return redis.error_reply('DDQ_LEASE_LOST lease ' .. KEYS[1] .. ' is held by ' ..
     (current or 'nobody (expired)') .. ', not ' .. ARGV[1])
 end
-local ops, a = {}, 2
-for k = 2, #KEYS do
+local ops, a = {}, 3
+for k = 3, #KEYS do
   local op = {code = ARGV[a], key = KEYS[k]}
   a = a + 1
   if op.code == 'S' then
@@ -115,27 +143,37 @@ for _, op in ipairs(ops) do
     redis.call('UNLINK', op.key)
   end
 end
-return {ids, acked}
+redis.call('SET', KEYS[2], acked .. '\\n' .. table.concat(ids, ' ') .. '\\n' .. ARGV[1],
+  'PX', ARGV[2])
+return {ids, acked, 0}
 """
 )
 
-# KEYS[1] source stream, KEYS[2] dead-letter stream; ARGV[1] group, ARGV[2] entry id,
-# ARGV[3] maxlen|'', ARGV[4..] field/value pairs. Returns the dead-letter entry's id.
+# KEYS[1] source stream, KEYS[2] dead-letter stream, KEYS[3] move marker; ARGV[1] group,
+# ARGV[2] entry id, ARGV[3] maxlen|'', ARGV[4] marker ttl ms, ARGV[5..] field/value pairs.
+# Returns the dead-letter entry's id. A marker means the move already ran (a retry whose first
+# reply was lost): its id is returned and the entry acked again (a no-op), nothing appended.
 DEAD_LETTER = (
     _PRELUDE
     + """
-for _, key in ipairs(KEYS) do
+for _, key in ipairs({KEYS[1], KEYS[2]}) do
   local err = check_stream(key)
   if err then return err end
+end
+local done = redis.call('GET', KEYS[3])
+if done then
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+  return done
 end
 local args = {KEYS[2]}
 if ARGV[3] ~= '' then
   args[2], args[3], args[4] = 'MAXLEN', '~', ARGV[3]
 end
 args[#args + 1] = '*'
-for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
+for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
 local id = redis.call('XADD', unpack(args))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
 return id
 """
 )

@@ -13,6 +13,11 @@ that dies leaves it there for :meth:`Bus.reclaim`. Ack only after the work the e
 committed (the synchronizer acks inside its fenced commit), so a crash means a redelivery,
 never a loss. On Redis, a retried append can be duplicated and a retried group read can leave
 an entry pending unseen (the reply was lost): dedupe on content, and reclaim idle entries.
+A retried :meth:`Bus.commit` or :meth:`Bus.dead_letter` is not applied twice: both leave a
+marker and replay their first result.
+
+Arguments are checked before anything is sent; a bad one raises
+:class:`~dd_queue.bus.types.InvalidArgument` (a ``BusError`` and a ``ValueError``) on every bus.
 
 Time units: ``*_ms`` integer milliseconds, ``*_s`` float seconds. ``block_ms`` is wall time:
 ``None`` or ``0`` means "do not block"; a bus call never blocks forever.
@@ -64,7 +69,11 @@ class Bus(Protocol):
         approximate: bool = True,
     ) -> str:
         """Append an entry (``XADD``), trimming to ``maxlen`` entries (``~``: at least that many
-        stay; Redis trims whole nodes only). Returns the new entry's id."""
+        stay; Redis trims whole nodes only). Returns the new entry's id.
+
+        Raises:
+            InvalidArgument: ``fields`` is empty or not ``str → bytes``, ``maxlen`` < 1.
+        """
         ...
 
     def trim(self, stream: str, *, maxlen: int, approximate: bool = True) -> int:
@@ -101,11 +110,18 @@ class Bus(Protocol):
         ...
 
     def read_own_pending(
-        self, stream: str, group: str, consumer: str, *, count: int = 100
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        count: int = 100,
+        after_id: str = "0-0",
     ) -> list[Entry]:
-        """Re-read ``consumer``'s own pending entries (``XREADGROUP … 0``), e.g. after a
-        restart under a stable consumer name. Increments delivery counts. Trimmed entries come
-        back with empty ``fields`` (``Entry.deleted``); ack them."""
+        """Re-read ``consumer``'s own pending entries with id > ``after_id``
+        (``XREADGROUP … <after_id>``), e.g. after a restart under a stable consumer name; page
+        by passing the last id seen. Increments delivery counts. Trimmed entries come back with
+        empty ``fields`` (``Entry.deleted``); ack them."""
         ...
 
     def read(
@@ -143,7 +159,8 @@ class Bus(Protocol):
         ...
 
     def pending_summary(self, stream: str, group: str) -> PendingSummary:
-        """Count of pending entries per consumer (``XPENDING`` summary)."""
+        """Count of pending entries per consumer (``XPENDING`` summary). Read-only: a missing
+        group or stream reads as empty and is not created."""
         ...
 
     def pending(
@@ -155,12 +172,14 @@ class Bus(Protocol):
         consumer: str | None = None,
         min_idle_ms: int = 0,
     ) -> list[PendingEntry]:
-        """Pending entries in id order with owner, idle time and delivery count."""
+        """Pending entries in id order with owner, idle time and delivery count. Read-only: a
+        missing group or stream reads as empty and is not created."""
         ...
 
     def delete_consumer(self, stream: str, group: str, consumer: str) -> int:
-        """Forget a consumer (``XGROUP DELCONSUMER``); returns how many entries it held.
-        Reclaim its entries first: what it held is no longer pending afterwards."""
+        """Forget a consumer (``XGROUP DELCONSUMER``); returns how many entries it held (0 when
+        the group does not exist; nothing is created). Reclaim its entries first: what it held
+        is no longer pending afterwards."""
         ...
 
     def dead_letter(
@@ -177,6 +196,14 @@ class Bus(Protocol):
         The dead-letter entry holds the original fields plus ``ddq.dlq.reason``,
         ``ddq.dlq.stream``, ``ddq.dlq.id`` and ``ddq.dlq.group``. ``dlq`` must share the
         entry stream's hash tag (use ``keys.dlq(fragment)``). Returns the new entry's id.
+
+        Idempotent per (``dlq``, entry stream, entry id) for
+        :data:`~dd_queue.bus.types.COMMIT_MARKER_TTL_S`: a repeated (retried) call appends
+        nothing and returns the first call's id.
+
+        Unfenced: anyone may call it, also a synchronizer whose lease was taken over. For
+        single-owner use (a process that owns the stream alone); a lease holder settles entries
+        with :class:`~dd_queue.bus.types.DeadLetterOp` inside :meth:`commit` instead.
         """
         ...
 
@@ -194,9 +221,21 @@ class Bus(Protocol):
         ...
 
     # ── blobs ─────────────────────────────────────────────────────────────────────────────
-    def put_blob(self, key: str, data: BlobData, *, ttl_s: float) -> BlobRef:
+    def put_blob(self, key: str, data: BlobData, *, ttl_s: float | None) -> BlobRef:
         """Store a payload under ``key`` in chunks of ≤ ``blob_chunk_bytes``, each with expiry
-        ``ttl_s``. Buffers are not joined into one copy."""
+        ``ttl_s`` (None: no expiry, e.g. blobs a committed state references; they must then be
+        deleted explicitly, by the commit that stops referencing them). ``data`` is one buffer
+        (bytes, memoryview, numpy array) or a list/tuple of buffers; buffers are not joined into
+        one copy.
+
+        A key that names a fencing token (``keys.global_blob`` / ``keys.momentum_blob``) is
+        written only where free (``SET NX``): the same bytes again are fine (a retry), other
+        bytes raise ``LeaseLost`` and nothing is overwritten.
+
+        Raises:
+            LeaseLost: A token-named key already holds another payload.
+            InvalidArgument: Bad ``ttl_s``, or over ``MAX_BLOB_BYTES`` / ``MAX_BLOB_CHUNKS``.
+        """
         ...
 
     def append_with_blob(
@@ -224,21 +263,34 @@ class Bus(Protocol):
     def get_blob(self, ref: BlobRef) -> bytes:
         """Reassemble a blob.
 
+        The reference is checked first (``types.check_blob_ref``): its key must be a blob key
+        of this run and its chunk count must follow from its size and ``blob_chunk_bytes``.
+
         Raises:
             BlobMissing: A chunk is gone.
-            CorruptPayload: The chunk sizes do not match the reference.
+            CorruptPayload: The reference fails those checks, or the chunk sizes do not match.
         """
         ...
 
     def delete_blobs(self, refs: Sequence[BlobRef]) -> int:
-        """Delete every chunk of the blobs; returns how many chunk keys existed."""
+        """Delete every chunk of the blobs; returns how many chunk keys existed.
+
+        Raises:
+            CorruptPayload: A reference fails ``types.check_blob_ref`` (nothing is deleted).
+        """
         ...
 
     # ── leases and fenced commits ─────────────────────────────────────────────────────────
     def acquire_lease(self, name: str, owner: str, *, ttl_s: float) -> Lease | None:
         """Take lease ``name`` for ``ttl_s`` if it is free or expired, or already ``owner``'s
         (a re-acquire fences the owner's earlier incarnation). Each success draws a new,
-        strictly larger fencing token. Returns None while someone else holds it."""
+        strictly larger fencing token (at least the server clock in microseconds, so also
+        after a Redis restart) and a new random nonce. Returns None while someone else holds
+        it.
+
+        Raises:
+            BusError: The lease key holds something that is not a lease value.
+        """
         ...
 
     def renew_lease(self, lease: Lease, *, ttl_s: float) -> Lease:
@@ -253,22 +305,40 @@ class Bus(Protocol):
         """Give a lease up if it is still held under this token; returns whether it was."""
         ...
 
-    def commit(self, lease: Lease, ops: Sequence[CommitOp]) -> CommitResult:
+    def commit(self, lease: Lease, ops: Sequence[CommitOp], *, commit_id: str) -> CommitResult:
         """Apply ``ops`` atomically, only if ``lease`` is still current.
 
-        Everything is validated before the first write (lease token, key types), so a refused
-        commit applies nothing. All keys must share the lease key's hash tag (one fragment) so
-        the commit stays one script on a Redis Cluster.
+        Everything is validated before the first write (op arguments when the ops were built,
+        then lease value and key types), so a refused commit applies nothing. All keys must
+        share the lease key's hash tag (one fragment) so the commit stays one script on a
+        Redis Cluster.
+
+        Args:
+            lease: The lease the commit is fenced by.
+            ops: The writes; ``DeadLetterOp`` settles a bad entry under the fence.
+            commit_id: Names this commit, unique per lease for distinct commits (the
+                synchronizer uses ``f"{fragment}:{version}"``); see
+                :func:`dd_queue.keys.check_commit_id`. The commit leaves a marker
+                ``<lease key>:commit:<commit_id>`` for ``COMMIT_MARKER_TTL_S``; running the
+                same id again under the same lease (a retry after a lost reply) applies nothing
+                and returns the first result with ``replayed=True``, even if the lease has
+                expired since. Under another lease (a new acquisition) the id runs afresh.
 
         Raises:
             LeaseLost: Another owner holds the lease or it expired; nothing was applied.
             BusError: An op targets a key of the wrong type; nothing was applied.
+            InvalidArgument: A key is outside the lease's hash tag.
+            ConfigError: ``commit_id`` is not a valid id.
         """
         ...
 
     # ── heartbeats ────────────────────────────────────────────────────────────────────────
     def server_time_s(self) -> float:
-        """The bus's clock in seconds (Redis ``TIME``; the injected clock for MemoryBus)."""
+        """The bus's clock in seconds (Redis ``TIME``; the injected clock for MemoryBus).
+
+        Heartbeat ages use it. ``Lease.expires_at_s`` does not: on Redis it is on the local
+        clock given to the bus (see :class:`~dd_queue.bus.types.Lease`).
+        """
         ...
 
     def heartbeat(self, member: str, payload: bytes, *, ttl_s: float) -> None:
@@ -287,7 +357,11 @@ class Bus(Protocol):
         ...
 
     def close(self) -> None:
-        """Release connections; the bus must not be used afterwards."""
+        """Release connections; the bus must not be used afterwards.
+
+        A read blocked in another thread stops promptly with ``BusError("bus closed")`` (on
+        Redis its connection is closed under it and not reopened), and so does any later call.
+        """
         ...
 
 

@@ -16,8 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from dd_queue.bus._memory_kv import MemoryKeyValueOps
+from dd_queue.bus._values import check_key, check_maxlen, check_stream_id
 from dd_queue.bus.types import (
+    COMMIT_MARKER_TTL_S,
     Entry,
+    InvalidArgument,
     PendingEntry,
     PendingSummary,
     Reclaimed,
@@ -26,6 +29,7 @@ from dd_queue.bus.types import (
     format_stream_id,
     parse_stream_id,
 )
+from dd_queue.keys import dead_letter_marker_key
 
 T = TypeVar("T")
 
@@ -43,13 +47,18 @@ class MemoryBus(MemoryKeyValueOps):
         deadline = time.monotonic() + block_ms / 1000 if block_ms else None
         with self._cond:
             while True:
+                self._refuse_if_closed("read")
                 found = attempt()
                 if found or deadline is None:
                     return found
                 remaining_s = deadline - time.monotonic()
                 if remaining_s <= 0:
                     return []
-                self._cond.wait(remaining_s)
+                self._waiting += 1
+                try:
+                    self._cond.wait(remaining_s)
+                finally:
+                    self._waiting -= 1
 
     # ── streams ───────────────────────────────────────────────────────────────────────────
     def append(
@@ -64,6 +73,8 @@ class MemoryBus(MemoryKeyValueOps):
             return self._append(stream, fields, maxlen)
 
     def trim(self, stream: str, *, maxlen: int, approximate: bool = True) -> int:
+        if isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 0:
+            raise InvalidArgument(f"trim maxlen must be an integer >= 0, got {maxlen!r}")
         with self._cond:
             found = self._stream(stream)
             return found.trim(maxlen) if found else 0
@@ -101,11 +112,18 @@ class MemoryBus(MemoryKeyValueOps):
         return self._wait_for(block_ms, attempt)
 
     def read_own_pending(
-        self, stream: str, group: str, consumer: str, *, count: int = 100
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        count: int = 100,
+        after_id: str = "0-0",
     ) -> list[Entry]:
+        after = parse_stream_id(after_id)
         with self._cond:
             found, grp = self._group(stream, group)
-            pairs = found.redeliver_own(grp, consumer, count, self._clock.now())
+            pairs = found.redeliver_own(grp, consumer, count, self._clock.now(), after)
             return [found.entry(stream, i, n) for i, n in pairs]
 
     def read(
@@ -138,6 +156,8 @@ class MemoryBus(MemoryKeyValueOps):
     def ack(
         self, stream: str, group: str, ids: Sequence[str], *, delete_keys: Sequence[str] = ()
     ) -> int:
+        for entry_id in ids:
+            check_stream_id("ack id", entry_id)
         with self._cond:
             acked = self._ack(stream, group, ids)
             self.delete(delete_keys)
@@ -156,8 +176,8 @@ class MemoryBus(MemoryKeyValueOps):
 
     def pending_summary(self, stream: str, group: str) -> PendingSummary:
         with self._cond:
-            _, grp = self._group(stream, group)
-            if not grp.pel:
+            grp = self._existing_group(stream, group)
+            if grp is None or not grp.pel:
                 return PendingSummary(0, None, None, {})
             per_consumer: dict[str, int] = {}
             for pending in grp.pel.values():
@@ -180,7 +200,9 @@ class MemoryBus(MemoryKeyValueOps):
         min_idle_ms: int = 0,
     ) -> list[PendingEntry]:
         with self._cond:
-            _, grp = self._group(stream, group)
+            grp = self._existing_group(stream, group)
+            if grp is None:
+                return []
             now = self._clock.now()
             out: list[PendingEntry] = []
             for pending_id in sorted(grp.pel):
@@ -196,7 +218,9 @@ class MemoryBus(MemoryKeyValueOps):
 
     def delete_consumer(self, stream: str, group: str, consumer: str) -> int:
         with self._cond:
-            _, grp = self._group(stream, group)
+            grp = self._existing_group(stream, group)
+            if grp is None:
+                return 0
             held = [i for i, p in grp.pel.items() if p.consumer == consumer]
             for pending_id in held:
                 del grp.pel[pending_id]
@@ -212,12 +236,21 @@ class MemoryBus(MemoryKeyValueOps):
         maxlen: int | None = None,
     ) -> str:
         check_same_slot(entry.stream, [dlq])
+        check_stream_id("dead_letter entry id", entry.id)
+        check_key("dead_letter group", group)
+        check_maxlen("dead_letter maxlen", maxlen)
+        marker = dead_letter_marker_key(dlq, entry.stream, entry.id)
         with self._cond:
             self._stream(entry.stream)  # type checks first: nothing applies on failure
             self._stream(dlq)
+            done = self._value(marker)
+            if done is not None:  # already moved (a retry): ack again, append nothing
+                self._ack(entry.stream, group, [entry.id])
+                return done.data.decode()
             fields = {**entry.fields, **dead_letter_fields(entry, group, reason)}
             new_id = self._append(dlq, fields, maxlen)
             self._ack(entry.stream, group, [entry.id])
+            self._put(marker, new_id.encode(), COMMIT_MARKER_TTL_S)
             return new_id
 
 

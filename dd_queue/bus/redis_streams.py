@@ -10,8 +10,11 @@ Facts that shape it (measured in research/redis-pipeline.md):
 * Separate clients for blocking reads, payloads, small commands and heartbeats (see
   ``_redis_conn``), each with a socket timeout above the longest ``BLOCK``.
 * A restart without persistence drops streams and groups: group commands that hit NOGROUP
-  recreate the group at id 0 and retry once. Lua scripts are re-sent on NOSCRIPT by redis-py.
+  recreate the group at id 0 and retry once (``_redis_groups``; read-only inspection does not).
+  Lua scripts are re-sent on NOSCRIPT by redis-py.
 * Fenced commits, leases, dead-lettering and heartbeats are Lua scripts (``_scripts``).
+* Arguments are checked before anything is sent (``_values``, ``commit_ops``), with the same
+  errors as ``MemoryBus``.
 """
 
 from __future__ import annotations
@@ -25,24 +28,33 @@ import redis
 from redis.typing import EncodableT, KeyT, StreamIdT
 
 from dd_queue.bus import _replies
-from dd_queue.bus._redis_conn import Connections, NoGroup, RedisOptions
+from dd_queue.bus._redis_conn import Connections, RedisOptions
+from dd_queue.bus._redis_groups import RedisGroupOps
 from dd_queue.bus._redis_kv import RedisKeyValueOps, encode_fields
+from dd_queue.bus._values import (
+    check_fields,
+    check_key,
+    check_maxlen,
+    check_stream_id,
+    format_stream_id,
+    parse_stream_id,
+)
 from dd_queue.bus.types import (
+    COMMIT_MARKER_TTL_S,
     Entry,
-    PendingEntry,
-    PendingSummary,
-    Reclaimed,
+    InvalidArgument,
     check_same_slot,
     dead_letter_fields,
+    ttl_ms,
 )
 from dd_queue.clock import Clock, SystemClock
-from dd_queue.keys import Keys
+from dd_queue.keys import Keys, dead_letter_marker_key
 
 T = TypeVar("T")
 log = logging.getLogger("dd_queue.bus")
 
 
-class RedisBus(RedisKeyValueOps):
+class RedisBus(RedisGroupOps, RedisKeyValueOps):
     """The bus on a Redis server.
 
     Args:
@@ -117,17 +129,6 @@ class RedisBus(RedisKeyValueOps):
         return self._options.blob_chunk_bytes
 
     # ── helpers ───────────────────────────────────────────────────────────────────────────
-    def _with_group(self, streams: Sequence[str], group: str, what: str, fn: Callable[[], T]) -> T:
-        try:
-            return self._conn.call(what, fn)
-        except NoGroup:
-            # Redis restarted without persistence (or the stream was deleted): recreate the
-            # group at id 0 so entries appended since the restart are still delivered.
-            log.warning("bus.group_recreated %s on %s", group, list(streams))
-            for stream in streams:
-                self.ensure_group(stream, group)
-            return self._conn.call(what, fn)
-
     def _blocking(self, block_ms: int | None, once: Callable[[int | None], list[T]]) -> list[T]:
         if not block_ms:
             return once(None)
@@ -149,15 +150,18 @@ class RedisBus(RedisKeyValueOps):
         maxlen: int | None = None,
         approximate: bool = True,
     ) -> str:
+        check_key("stream", stream)
+        entry = encode_fields(check_fields("append fields", fields))
+        check_maxlen("append maxlen", maxlen)
         raw = self._conn.call(
             "append",
-            lambda: self._conn.control.xadd(
-                stream, encode_fields(fields), maxlen=maxlen, approximate=approximate
-            ),
+            lambda: self._conn.control.xadd(stream, entry, maxlen=maxlen, approximate=approximate),
         )
         return _replies.as_str(raw, "XADD")
 
     def trim(self, stream: str, *, maxlen: int, approximate: bool = True) -> int:
+        if isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 0:
+            raise InvalidArgument(f"trim maxlen must be an integer >= 0, got {maxlen!r}")
         raw = self._conn.call(
             "trim", lambda: self._conn.control.xtrim(stream, maxlen, approximate=approximate)
         )
@@ -165,16 +169,6 @@ class RedisBus(RedisKeyValueOps):
 
     def stream_length(self, stream: str) -> int:
         return _replies.as_int(self._conn.call("xlen", lambda: self._conn.control.xlen(stream)))
-
-    def ensure_group(self, stream: str, group: str) -> None:
-        def create() -> None:
-            try:
-                self._conn.control.xgroup_create(stream, group, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if not str(exc).startswith("BUSYGROUP"):
-                    raise
-
-        self._conn.call("ensure_group", create)
 
     def read_group(
         self,
@@ -201,34 +195,6 @@ class RedisBus(RedisKeyValueOps):
 
         return self._blocking(block_ms, once)
 
-    def read_own_pending(
-        self, stream: str, group: str, consumer: str, *, count: int = 100
-    ) -> list[Entry]:
-        raw = self._with_group(
-            [stream],
-            group,
-            "read_own_pending",
-            lambda: self._conn.control.xreadgroup(group, consumer, {stream: "0"}, count=count),
-        )
-        found = _replies.xread(raw, delivery_count=0)
-        counts = self._delivery_counts(stream, group, [e.id for e in found])
-        return [Entry(e.stream, e.id, e.fields, counts.get(e.id, 1)) for e in found]
-
-    def _delivery_counts(self, stream: str, group: str, ids: Sequence[str]) -> dict[str, int]:
-        if not ids:
-            return {}
-
-        def fetch() -> list[object]:
-            with self._conn.control.pipeline(transaction=False) as pipe:
-                for entry_id in ids:
-                    pipe.xpending_range(stream, group, entry_id, entry_id, 1)
-                return pipe.execute()
-
-        rows = [
-            row for raw in self._conn.call("pending", fetch) for row in _replies.pending_range(raw)
-        ]
-        return {row.id: row.delivery_count for row in rows}
-
     def read(
         self,
         stream: str,
@@ -240,7 +206,7 @@ class RedisBus(RedisKeyValueOps):
         if after_id == "$":  # pin "now" once, so split BLOCKs miss nothing in between
             latest = self.read_latest(stream)
             after_id = latest.id if latest else "0-0"
-        start: dict[KeyT, StreamIdT] = {stream: after_id}
+        start: dict[KeyT, StreamIdT] = {stream: format_stream_id(parse_stream_id(after_id))}
 
         def once(block: int | None) -> list[Entry]:
             raw = self._conn.call(
@@ -258,6 +224,8 @@ class RedisBus(RedisKeyValueOps):
     def ack(
         self, stream: str, group: str, ids: Sequence[str], *, delete_keys: Sequence[str] = ()
     ) -> int:
+        for entry_id in ids:
+            check_stream_id("ack id", entry_id)
         if not ids and not delete_keys:
             return 0
 
@@ -272,73 +240,6 @@ class RedisBus(RedisKeyValueOps):
         results = self._conn.call("ack", send)
         return _replies.as_int(results[0]) if ids else 0
 
-    def reclaim(
-        self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int = 100
-    ) -> Reclaimed:
-        claimed: list[Entry] = []
-        deleted: list[str] = []
-        cursor = "0-0"
-        while len(claimed) < count:
-            raw = self._autoclaim(
-                stream, group, consumer, min_idle_ms, cursor, count - len(claimed)
-            )
-            cursor, got, gone = _replies.xautoclaim(stream, raw)
-            claimed += got
-            deleted += gone
-            if cursor == "0-0":
-                break
-        if deleted:  # 7.x already dropped them; Redis 6.2 keeps them pending until acked
-            self._conn.call("ack", lambda: self._conn.control.xack(stream, group, *deleted))
-        counts = self._delivery_counts(stream, group, [e.id for e in claimed])
-        entries = [Entry(e.stream, e.id, e.fields, counts.get(e.id, 1)) for e in claimed]
-        return Reclaimed(entries=entries, deleted_ids=deleted)
-
-    def _autoclaim(
-        self, stream: str, group: str, consumer: str, min_idle_ms: int, start: str, count: int
-    ) -> object:
-        return self._with_group(
-            [stream],
-            group,
-            "reclaim",
-            lambda: self._conn.control.xautoclaim(
-                stream, group, consumer, min_idle_ms, start_id=start, count=count
-            ),
-        )
-
-    def pending_summary(self, stream: str, group: str) -> PendingSummary:
-        raw = self._with_group(
-            [stream], group, "pending_summary", lambda: self._conn.control.xpending(stream, group)
-        )
-        return _replies.pending_summary(raw)
-
-    def pending(
-        self,
-        stream: str,
-        group: str,
-        *,
-        count: int = 100,
-        consumer: str | None = None,
-        min_idle_ms: int = 0,
-    ) -> list[PendingEntry]:
-        raw = self._with_group(
-            [stream],
-            group,
-            "pending",
-            lambda: self._conn.control.xpending_range(
-                stream, group, "-", "+", count, consumername=consumer, idle=min_idle_ms or None
-            ),
-        )
-        return _replies.pending_range(raw)
-
-    def delete_consumer(self, stream: str, group: str, consumer: str) -> int:
-        raw = self._with_group(
-            [stream],
-            group,
-            "delete_consumer",
-            lambda: self._conn.control.xgroup_delconsumer(stream, group, consumer),
-        )
-        return _replies.as_int(raw)
-
     def dead_letter(
         self,
         entry: Entry,
@@ -349,12 +250,17 @@ class RedisBus(RedisKeyValueOps):
         maxlen: int | None = None,
     ) -> str:
         check_same_slot(entry.stream, [dlq])
+        check_stream_id("dead_letter entry id", entry.id)
+        check_key("dead_letter group", group)
+        check_maxlen("dead_letter maxlen", maxlen)
         fields = {**entry.fields, **dead_letter_fields(entry, group, reason)}
+        marker = dead_letter_marker_key(dlq, entry.stream, entry.id)
         args: list[EncodableT] = [group, entry.id, "" if maxlen is None else maxlen]
+        args.append(ttl_ms(COMMIT_MARKER_TTL_S))
         for name, value in fields.items():
             args += [name, value]
         raw = self._conn.call(
-            "dead_letter", lambda: self._dlq_script(keys=[entry.stream, dlq], args=args)
+            "dead_letter", lambda: self._dlq_script(keys=[entry.stream, dlq, marker], args=args)
         )
         return _replies.as_str(raw, "dead_letter")
 

@@ -2,6 +2,8 @@
 
 Everything here is a frozen dataclass (or a named tuple) of bytes, strings and numbers, identical
 for every bus implementation. Stream field values are ``bytes``: the bus never interprets them.
+``Entry`` and the argument checks live in ``_values``, the commit ops in ``commit_ops``; both are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -10,8 +12,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dd_queue.bus._values import (
+    Entry,
+    InvalidArgument,
+    dead_letter_fields,
+    format_stream_id,
+    parse_stream_id,
+    ttl_ms,
+)
+from dd_queue.bus.commit_ops import (
+    COMMIT_MARKER_TTL_S,
+    AckOp,
+    AppendOp,
+    CommitOp,
+    CommitResult,
+    DeadLetterOp,
+    DeleteOp,
+    SetOp,
+    check_same_slot,
+    commit_keys,
+)
 from dd_queue.errors import CorruptPayload
-from dd_queue.keys import blob_chunk_key, hash_tag
+from dd_queue.keys import Keys, blob_chunk_key
 
 Buffer = bytes | bytearray | memoryview
 """One contiguous piece of payload."""
@@ -23,61 +45,11 @@ MiB = 1024 * 1024
 DEFAULT_CHUNK_BYTES = 16 * MiB
 """Largest single Redis value a blob is split into (16 MiB; research/redis-pipeline.md §A.4)."""
 
+MAX_BLOB_BYTES = 64 * 1024 * MiB
+"""Largest blob a bus writes or reads (64 GiB): a reference claiming more is corrupt."""
 
-def ttl_ms(ttl_s: float) -> int:
-    """A positive expiry in seconds → whole milliseconds (at least 1), as ``PX`` takes it.
-
-    Raises:
-        ValueError: ``ttl_s`` is not > 0 (a key without expiry is asked for with ``None``).
-    """
-    if not ttl_s > 0:
-        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
-    return max(1, round(ttl_s * 1000))
-
-
-def parse_stream_id(stream_id: str) -> tuple[int, int]:
-    """``"<ms>-<seq>"`` → ``(ms, seq)`` for ordering; ``"<ms>"`` means ``(ms, 0)``."""
-    ms, _, seq = stream_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def format_stream_id(parsed: tuple[int, int]) -> str:
-    """``(ms, seq)`` → ``"<ms>-<seq>"``."""
-    return f"{parsed[0]}-{parsed[1]}"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One stream entry as a reader sees it.
-
-    Attributes:
-        stream: Key of the stream it came from.
-        id: Stream id, ``"<ms>-<seq>"``.
-        fields: Field name → raw bytes. Empty when the entry was trimmed away while it was still
-            pending (a re-read of the pending list shows such entries; ack them).
-        delivery_count: How often the group delivered it (1 on first delivery); 0 for reads
-            outside a group.
-    """
-
-    stream: str
-    id: str
-    fields: Mapping[str, bytes]
-    delivery_count: int = 0
-
-    @property
-    def deleted(self) -> bool:
-        """True for a pending entry whose data was trimmed (a real entry has ≥ 1 field)."""
-        return not self.fields
-
-
-def dead_letter_fields(entry: Entry, group: str, reason: str) -> dict[str, bytes]:
-    """Fields a dead-letter entry carries besides the original ones (``ddq.dlq.*``)."""
-    return {
-        "ddq.dlq.reason": reason.encode(),
-        "ddq.dlq.stream": entry.stream.encode(),
-        "ddq.dlq.id": entry.id.encode(),
-        "ddq.dlq.group": group.encode(),
-    }
+MAX_BLOB_CHUNKS = 1 << 16
+"""Most chunk keys one blob may occupy (bounds the work a forged reference can cause)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,23 +101,36 @@ class Reclaimed:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease on a name, fenced by a token that only grows while the key space lives.
+    """A lease on a name, fenced by a token and a nonce.
+
+    Every fenced operation compares the stored value ``<token>:<nonce>:<owner>`` with this
+    lease's, so an earlier incarnation of the same owner (same name, older acquisition) is
+    refused even if a token were ever handed out twice.
 
     Attributes:
         name: The lease key.
         owner: Who holds it.
-        token: Fencing token, strictly larger than every earlier holder's (a Redis restart
-            without persistence starts the counter again; stale tokens still fail, because the
-            check is equality with the current holder's token).
-        expires_at_s: When it expires, on the bus's clock (monotonic seconds), estimated from
-            the time the request was *sent*, so the real expiry is never earlier. Stop acting
-            under the lease before this.
+        token: Fencing token, strictly larger than every earlier holder's: at least the server
+            clock in microseconds at acquisition, and above the last token handed out, so it
+            keeps growing across a Redis restart that lost the counter.
+        expires_at_s: When it expires, estimated on the *local* clock of this bus (the
+            ``clock`` given to it: monotonic seconds by default), from the time the request
+            was *sent*, so the real expiry is never earlier. Compare it with that clock's
+            ``now()``, never with ``Bus.server_time_s()`` (Redis ``TIME``, another clock; on
+            MemoryBus both are the injected clock). Stop acting under the lease before this.
+        nonce: Random per acquisition; part of the stored lease value.
     """
 
     name: str
     owner: str
     token: int
     expires_at_s: float
+    nonce: str
+
+    @property
+    def value(self) -> str:
+        """The stored lease value, ``<token>:<nonce>:<owner>``."""
+        return f"{self.token}:{self.nonce}:{self.owner}"
 
 
 class HeartbeatInfo(NamedTuple):
@@ -199,90 +184,54 @@ class BlobRef:
         return ref
 
 
-# ── operations of a fenced commit ──────────────────────────────────────────────────────────────
+def chunk_count(nbytes: int, chunk_bytes: int) -> int:
+    """Chunks a blob of ``nbytes`` occupies: ``max(1, ceil(nbytes / chunk_bytes))``."""
+    return max(1, -(-nbytes // chunk_bytes))
 
 
-@dataclass(frozen=True, slots=True)
-class SetOp:
-    """Set a string key (``SET key value [PX ttl]``)."""
-
-    key: str
-    value: bytes
-    ttl_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendOp:
-    """Append one entry to a stream, trimming it to about ``maxlen`` entries."""
-
-    stream: str
-    fields: Mapping[str, bytes]
-    maxlen: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AckOp:
-    """Acknowledge entries of a group (removes them from its pending list)."""
-
-    stream: str
-    group: str
-    ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteOp:
-    """Delete keys (``UNLINK``); pass ``BlobRef.chunk_keys()`` to drop a blob."""
-
-    keys: tuple[str, ...]
-
-
-CommitOp = SetOp | AppendOp | AckOp | DeleteOp
-"""One write of a fenced commit; a commit applies all of them or none."""
-
-
-def commit_keys(op: CommitOp) -> tuple[str, ...]:
-    """Every key an op writes."""
-    if isinstance(op, SetOp):
-        return (op.key,)
-    if isinstance(op, AppendOp | AckOp):
-        return (op.stream,)
-    return op.keys
-
-
-def check_same_slot(anchor: str, keys: Sequence[str]) -> None:
-    """Refuse keys outside ``anchor``'s hash tag (one script must stay on one Cluster slot).
-
-    An anchor without a tag (ad-hoc keys on a single node) is not checked.
+def check_blob_ref(ref: BlobRef, keys: Keys, chunk_bytes: int) -> BlobRef:
+    """Refuse a reference (e.g. taken from a stream entry) before reading or deleting by it.
 
     Raises:
-        ValueError: A key carries another hash tag than ``anchor``.
+        CorruptPayload: The key is not a blob key of this run (``Keys.is_blob_key``), the size
+            is over :data:`MAX_BLOB_BYTES`, or the chunk count does not follow from the size
+            and ``chunk_bytes`` (every process of a run must use the same ``blob_chunk_bytes``).
     """
-    tag = hash_tag(anchor)
-    if tag is None:
-        return
-    for key in keys:
-        if hash_tag(key) != tag:
-            raise ValueError(
-                f"{key!r} is outside hash tag {{{tag}}} of {anchor!r}; a fenced commit or "
-                "dead-letter move may only touch keys of one fragment (use dd_queue.keys)"
-            )
+    if not isinstance(ref.key, str) or not keys.is_blob_key(ref.key):
+        raise CorruptPayload(
+            f"blob reference names {str(ref.key)[:120]!r}, not a blob key of run "
+            f"{keys.run_id!r}; refusing to read or delete it"
+        )
+    if not 0 <= ref.nbytes <= MAX_BLOB_BYTES:
+        raise CorruptPayload(f"blob {ref.key!r}: size {ref.nbytes} is over {MAX_BLOB_BYTES}")
+    expected = chunk_count(ref.nbytes, chunk_bytes)
+    if ref.n_chunks != expected or expected > MAX_BLOB_CHUNKS:
+        raise CorruptPayload(
+            f"blob {ref.key!r}: {ref.n_chunks} chunks for {ref.nbytes} bytes, expected "
+            f"{expected} of {chunk_bytes} bytes (at most {MAX_BLOB_CHUNKS}); a forged reference, "
+            "or a writer with another blob_chunk_bytes"
+        )
+    return ref
 
 
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    """What a fenced commit did.
+def check_blob_size(key: str, nbytes: int, n_chunks: int) -> None:
+    """Refuse to write a blob that readers would refuse (:func:`check_blob_ref` limits).
 
-    Attributes:
-        entry_ids: Ids of the appended entries, in the order of the ``AppendOp`` s.
-        acked: Entries removed from pending lists (already-acked ids do not count).
+    Raises:
+        InvalidArgument: More than :data:`MAX_BLOB_BYTES` or :data:`MAX_BLOB_CHUNKS`.
     """
-
-    entry_ids: tuple[str, ...]
-    acked: int
+    if nbytes > MAX_BLOB_BYTES or n_chunks > MAX_BLOB_CHUNKS:
+        raise InvalidArgument(
+            f"blob {key!r} of {nbytes} bytes in {n_chunks} chunks is over the limit of "
+            f"{MAX_BLOB_BYTES} bytes / {MAX_BLOB_CHUNKS} chunks; raise blob_chunk_bytes"
+        )
 
 
 __all__ = [
+    "COMMIT_MARKER_TTL_S",
     "DEFAULT_CHUNK_BYTES",
+    "MAX_BLOB_BYTES",
+    "MAX_BLOB_CHUNKS",
     "AckOp",
     "AppendOp",
     "BlobData",
@@ -290,15 +239,20 @@ __all__ = [
     "Buffer",
     "CommitOp",
     "CommitResult",
+    "DeadLetterOp",
     "DeleteOp",
     "Entry",
     "HeartbeatInfo",
+    "InvalidArgument",
     "Lease",
     "PendingEntry",
     "PendingSummary",
     "Reclaimed",
     "SetOp",
+    "check_blob_ref",
+    "check_blob_size",
     "check_same_slot",
+    "chunk_count",
     "commit_keys",
     "dead_letter_fields",
     "format_stream_id",

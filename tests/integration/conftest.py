@@ -51,17 +51,48 @@ def redis_server() -> Iterator[RedisProcess]:
         yield server
 
 
+def blocked_clients(server: RedisProcess) -> int:
+    """How many clients the server reports blocked (``INFO clients``: ``blocked_clients``)."""
+    client = server.client()
+    try:
+        return int(client.info("clients")["blocked_clients"])
+    finally:
+        client.close()
+
+
+def connections_received(probe: redis.Redis) -> int:
+    """Connections the server accepted so far (``INFO stats``: ``total_connections_received``),
+    asked through ``probe``, a client kept open across measurements (a new one would count)."""
+    return int(probe.info("stats")["total_connections_received"])
+
+
 @dataclass
 class BusCase:
     """A bus under test plus how time passes for it.
 
     ``clock`` is a FakeClock for MemoryBus (time moves only when told) and None for the Redis
-    buses, whose idle times and TTLs follow real time.
+    buses, whose idle times and TTLs follow real time. ``server`` is what can tell whether a
+    reader is blocked: the private redis-server, the fakeredis server, or None for MemoryBus
+    (which counts its waiting readers itself).
     """
 
     kind: str
     bus: Bus
     clock: FakeClock | None
+    server: RedisProcess | fakeredis.FakeServer | None = None
+
+    def blocked_readers(self) -> int:
+        """Readers blocked right now, as the backend itself reports them."""
+        if isinstance(self.bus, MemoryBus):
+            return self.bus.waiting_readers
+        if isinstance(self.server, RedisProcess):
+            return blocked_clients(self.server)
+        assert isinstance(self.server, fakeredis.FakeServer)
+        return sum(bool(getattr(sock, "_blocked", False)) for sock in list(self.server.sockets))
+
+    def wait_blocked(self, n: int = 1, timeout_s: float = 5.0) -> None:
+        """Wait until ``n`` readers are really blocked (so an append must *wake* them)."""
+        wait_until(lambda: self.blocked_readers() >= n, timeout_s, f"{n} blocked reader(s)")
 
     def eventually(self, predicate: Callable[[], object], after_s: float, what: str) -> None:
         """Assert ``predicate`` becomes true once ``after_s`` of bus time has passed.
@@ -76,8 +107,7 @@ class BusCase:
             wait_until(predicate, after_s + 5.0, what)
 
 
-def _fakeredis_bus(run_id: str) -> RedisBus:
-    server = fakeredis.FakeServer()
+def _fakeredis_bus(run_id: str, server: fakeredis.FakeServer) -> RedisBus:
     control, reader, blobs, beat = (fakeredis.FakeRedis(server=server) for _ in range(4))
     return RedisBus.from_clients(
         run_id,
@@ -107,12 +137,13 @@ def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
             "memory", MemoryBus(run_id, clock=clock, blob_chunk_bytes=CHUNK_BYTES), clock
         )
     elif request.param == "fakeredis":
-        case = BusCase("fakeredis", _fakeredis_bus(run_id), None)
+        fake = fakeredis.FakeServer()
+        case = BusCase("fakeredis", _fakeredis_bus(run_id, fake), None, fake)
     else:
         server: RedisProcess = request.getfixturevalue("redis_server")
         _flush(server)
         options = RedisOptions(blob_chunk_bytes=CHUNK_BYTES, unavailable_after_s=5.0)
-        case = BusCase("redis", RedisBus(server.url, run_id, options=options), None)
+        case = BusCase("redis", RedisBus(server.url, run_id, options=options), None, server)
     try:
         yield case
     finally:

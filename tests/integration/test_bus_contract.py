@@ -7,24 +7,31 @@ thresholds (idle, TTL) are parameters, driven by a FakeClock on MemoryBus.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from dd_queue.bus import (
+    MAX_BLOB_BYTES,
     AckOp,
     AppendOp,
     BlobRef,
     Bus,
     CommitOp,
+    DeadLetterOp,
     DeleteOp,
     Entry,
+    InvalidArgument,
     SetOp,
     ops,
 )
+from dd_queue.bus._chunks import split_chunks
 from dd_queue.errors import BlobMissing, BusError, ConfigError, CorruptPayload, LeaseLost
-from dd_queue.keys import SYNC_GROUP, Keys, blob_chunk_key, fence_key, hash_tag
+from dd_queue.keys import SYNC_GROUP, Keys, blob_chunk_key, check_name, fence_key, hash_tag
 from tests.integration.conftest import CHUNK_BYTES, BusCase
 
 G = SYNC_GROUP
@@ -110,6 +117,7 @@ def test_blocking_read_group_wakes_on_append(bus_case: BusCase) -> None:
     thread = threading.Thread(target=reader)
     thread.start()
     assert started.wait(5)
+    bus_case.wait_blocked()  # the reader really waits: only a wake-up can deliver the entry
     entry_id = bus.append(up, {"m": b"wake"})
     thread.join(timeout=8)  # well below block_ms: it woke on the append
     assert not thread.is_alive()
@@ -119,8 +127,39 @@ def test_blocking_read_group_wakes_on_append(bus_case: BusCase) -> None:
 def test_blocking_read_group_returns_empty_after_timeout(bus_case: BusCase) -> None:
     bus = bus_case.bus
     up = bus.keys.up(0)
-    assert bus.read_group(up, G, "c1", block_ms=50) == []
+    started = time.monotonic()
+    assert bus.read_group(up, G, "c1", block_ms=300) == []
+    assert time.monotonic() - started >= 0.3 - 0.02  # it did block for block_ms
+    started = time.monotonic()
     assert bus.read_group(up, G, "c1", block_ms=None) == []
+    assert bus.read_group(up, G, "c1", block_ms=0) == []
+    assert time.monotonic() - started < 0.25  # None and 0 do not block
+
+
+def test_close_stops_a_blocked_reader(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    bus.ensure_group(up, G)
+    outcome: list[object] = []
+
+    def reader() -> None:
+        try:
+            outcome.append(bus.read_group(up, G, "c1", block_ms=30_000))
+        except BusError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    bus_case.wait_blocked()
+    closed_at = time.monotonic()
+    bus.close()
+    thread.join(timeout=5)  # within one max_block_ms (2 s) even where nothing interrupts it
+    assert not thread.is_alive()
+    assert time.monotonic() - closed_at < 4
+    assert len(outcome) == 1 and isinstance(outcome[0], BusError)
+    assert "closed" in str(outcome[0])
+    with pytest.raises(BusError, match="closed"):
+        bus.read_group(up, G, "c1", block_ms=100)
 
 
 def test_broadcast_read_from_an_id_and_latest(bus_case: BusCase) -> None:
@@ -154,6 +193,7 @@ def test_blocking_broadcast_read_wakes_on_append(bus_case: BusCase) -> None:
     thread = threading.Thread(target=reader)
     thread.start()
     assert started.wait(5)
+    bus_case.wait_blocked()
     new = bus.append(down, {"v": b"new"})
     thread.join(timeout=8)
     assert not thread.is_alive()
@@ -265,6 +305,49 @@ def test_pending_inspection_by_consumer_and_idle_time(bus_case: BusCase) -> None
     assert [p.id for p in bus.pending(up, G)] == [a]
 
 
+def test_read_only_inspection_creates_nothing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(6)
+    assert bus.pending_summary(up, G).count == 0
+    assert bus.pending(up, G) == []
+    assert bus.delete_consumer(up, G, "c1") == 0
+    assert bus.get(up) is None  # still no key at all (a stream would be WRONGTYPE here)
+    bus.append(up, {"m": b"x"})  # a stream without the group: still nothing created
+    assert bus.pending_summary(up, G).count == 0 and bus.pending(up, G) == []
+    assert bus.delete_consumer(up, G, "c1") == 0
+    assert _ids(bus.read_group(up, G, "c1")) != []  # the group starts at 0 when created
+
+
+def test_read_own_pending_pages_with_after_id(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": str(i).encode()}) for i in range(5)]
+    bus.read_group(up, G, "c1", count=10)
+    pages: list[list[str]] = []
+    after = "0-0"
+    for _ in range(5):  # bounded: a reader that ignored after_id would never run dry
+        page = bus.read_own_pending(up, G, "c1", count=2, after_id=after)
+        if not page:
+            break
+        pages.append(_ids(page))
+        after = page[-1].id
+    assert pages == [ids[0:2], ids[2:4], ids[4:5]]
+    assert [e.delivery_count for e in bus.read_own_pending(up, G, "c1", after_id=ids[2])] == [3, 3]
+
+
+def test_delivery_counts_with_interleaved_owners(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    ids = [bus.append(up, {"i": str(i).encode()}) for i in range(6)]
+    for i in range(6):  # c1 and c2 hold every other entry
+        bus.read_group(up, G, "c1" if i % 2 == 0 else "c2")
+    bus.read_own_pending(up, G, "c2")  # c2's entries: 2 deliveries
+    own = bus.read_own_pending(up, G, "c1")
+    assert [(e.id, e.delivery_count) for e in own] == [(i, 2) for i in ids[0::2]]
+    claimed = bus.reclaim(up, G, "c1", min_idle_ms=0).entries
+    assert [(e.id, e.delivery_count) for e in claimed] == [(entry_id, 3) for entry_id in ids]
+
+
 def test_dead_letter_moves_the_entry_and_acks_it(bus_case: BusCase) -> None:
     bus = bus_case.bus
     up, dlq = bus.keys.up(2), bus.keys.dlq(2)
@@ -279,6 +362,50 @@ def test_dead_letter_moves_the_entry_and_acks_it(bus_case: BusCase) -> None:
     assert dead.fields["ddq.dlq.stream"] == up.encode()
     assert dead.fields["ddq.dlq.id"] == entry.id.encode()
     assert dead.fields["ddq.dlq.group"] == G.encode()
+
+
+def test_a_repeated_dead_letter_moves_the_entry_once(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, dlq = bus.keys.up(2), bus.keys.dlq(2)
+    bus.append(up, {"m": b"poison"})
+    [entry] = bus.read_group(up, G, "c1")
+    first = bus.dead_letter(entry, group=G, dlq=dlq, reason="corrupt")
+    again = bus.dead_letter(entry, group=G, dlq=dlq, reason="corrupt")  # a retried call
+    assert again == first
+    assert _ids(bus.read(dlq)) == [first]
+    assert bus.pending_summary(up, G).count == 0
+
+
+def test_dead_letter_op_settles_entries_inside_the_fenced_commit(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, dlq = bus.keys.up(2), bus.keys.dlq(2)
+    bus.append(up, {"m": b"bad"})
+    bus.append(up, {"m": b"worse"})
+    bad, worse = bus.read_group(up, G, "sync-0", count=10)
+    name = bus.keys.lease(2)
+    stale = bus.acquire_lease(name, "sync-0", ttl_s=30)
+    lease = bus.acquire_lease(name, "sync-0", ttl_s=30)  # a restart: the old one is fenced
+    assert stale is not None and lease is not None
+    with pytest.raises(LeaseLost):
+        bus.commit(stale, [DeadLetterOp(bad, G, dlq, "corrupt")], commit_id="2:dlq")
+    assert bus.stream_length(dlq) == 0 and bus.pending_summary(up, G).count == 2
+    result = bus.commit(
+        lease,
+        [DeadLetterOp(bad, G, dlq, "corrupt"), DeadLetterOp(worse, G, dlq, "too_large", 100)],
+        commit_id="2:dlq",
+    )
+    assert result.acked == 2 and len(result.entry_ids) == 2
+    assert bus.pending_summary(up, G).count == 0
+    moved = bus.read(dlq)
+    assert _ids(moved) == list(result.entry_ids)
+    assert [(e.fields["m"], e.fields["ddq.dlq.reason"]) for e in moved] == [
+        (b"bad", b"corrupt"),
+        (b"worse", b"too_large"),
+    ]
+    assert moved[0].fields["ddq.dlq.id"] == bad.id.encode()
+    elsewhere = DeadLetterOp(bad, G, bus.keys.dlq(3), "r")  # another fragment's stream
+    with pytest.raises(ValueError, match="hash tag"):
+        bus.commit(lease, [elsewhere], commit_id="2:x")
 
 
 def test_dead_letter_into_a_non_stream_applies_nothing(bus_case: BusCase) -> None:
@@ -314,6 +441,35 @@ def test_approximate_maxlen_keeps_at_least_maxlen(bus_case: BusCase) -> None:
     assert 100 <= bus.stream_length(events) <= 250
     latest = bus.read_latest(events)
     assert latest is not None and latest.fields["i"] == b"249"
+
+
+def test_approximate_maxlen_trims_entries_of_their_own_node(bus_case: BusCase) -> None:
+    # An entry over stream-node-max-bytes (4 kB) fills a node alone, and approximate trimming
+    # removes whole nodes: with such entries every bus keeps exactly maxlen.
+    bus = bus_case.bus
+    events = bus.keys.events()
+    for i in range(300):
+        bus.append(events, {"i": str(i).encode(), "pad": b"x" * 5000}, maxlen=100)
+    assert bus.stream_length(events) == 100
+    assert [e.fields["i"] for e in bus.read(events, count=1)] == [b"200"]
+
+
+def test_commit_append_maxlen_trims(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    rounds, down = bus.keys.rounds(0), bus.keys.down(0)
+    for i in range(20):
+        bus.commit(
+            lease,
+            [
+                AppendOp(rounds, {"i": str(i).encode(), "pad": b"x" * 5000}, maxlen=3),
+                AppendOp(down, {"i": str(i).encode()}, maxlen=3),
+            ],
+            commit_id=f"0:{i}",
+        )
+    assert bus.stream_length(rounds) == 3  # big entries: one node each, trimmed exactly
+    assert 3 <= bus.stream_length(down) <= 20  # small ones: at least maxlen stay
 
 
 def test_trimmed_pending_entries_are_reported_and_dropped(bus_case: BusCase) -> None:
@@ -377,9 +533,150 @@ def test_reacquire_by_the_same_owner_fences_its_old_incarnation(bus_case: BusCas
     new = bus.acquire_lease(name, "sync-0", ttl_s=30)  # a restart under a stable name
     assert old is not None and new is not None and new.token > old.token
     with pytest.raises(LeaseLost):
-        bus.commit(old, [SetOp(bus.keys.state(0), b"stale")])
+        bus.commit(old, [SetOp(bus.keys.state(0), b"stale")], commit_id="0:1")
     assert bus.get(bus.keys.state(0)) is None
     assert bus.get(fence_key(name)) == str(new.token).encode()
+
+
+def test_a_lease_value_with_another_nonce_is_refused(bus_case: BusCase) -> None:
+    # Same name, owner and token but another acquisition: every fenced operation refuses it.
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None and lease.nonce
+    forged = dataclasses.replace(lease, nonce="0" * len(lease.nonce))
+    with pytest.raises(LeaseLost):
+        bus.commit(forged, [SetOp(bus.keys.state(0), b"forged")], commit_id="0:1")
+    with pytest.raises(LeaseLost):
+        bus.renew_lease(forged, ttl_s=30)
+    assert not bus.release_lease(forged)
+    assert bus.get(bus.keys.state(0)) is None
+    assert bus.get(lease.name) == f"{lease.token}:{lease.nonce}:sync-0".encode()
+    other = bus.acquire_lease(bus.keys.lease(1), "sync-0", ttl_s=30)
+    assert other is not None and other.nonce != lease.nonce
+
+
+def test_fencing_tokens_start_at_the_bus_clock_in_microseconds(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    before_us = int(bus.server_time_s() * 1_000_000)
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None and lease.token >= before_us
+    ahead = lease.token + 10**9  # a counter 1000 s ahead of the clock
+    bus.set(fence_key(lease.name), str(ahead).encode())
+    again = bus.acquire_lease(lease.name, "sync-0", ttl_s=30)
+    assert again is not None and again.token == ahead + 1
+    bus.set(bus.keys.lease(3), b"not a lease value")
+    with pytest.raises(BusError, match="not a lease value"):
+        bus.acquire_lease(bus.keys.lease(3), "sync-0", ttl_s=30)
+
+
+def test_a_repeated_commit_id_replays_instead_of_applying_twice(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up, ids, ref = _round_fixture(bus)
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=0.5)
+    assert lease is not None
+    first = bus.commit(lease, _round_ops(bus, up, ids, ref), commit_id="0:7")
+    assert not first.replayed and first.acked == 2
+    again = bus.commit(lease, _round_ops(bus, up, ids, ref), commit_id="0:7")  # a retry
+    assert again == dataclasses.replace(first, replayed=True)
+    assert bus.stream_length(bus.keys.down(0)) == 1
+    assert bus.stream_length(bus.keys.rounds(0)) == 1
+    # The reply of a commit that ran can be lost just before the lease expires: the retry
+    # still reports what the commit did instead of LeaseLost.
+    bus_case.eventually(lambda: bus.get(lease.name) is None, after_s=0.55, what="expiry")
+    late = bus.commit(lease, _round_ops(bus, up, ids, ref), commit_id="0:7")
+    assert late == again
+    with pytest.raises(LeaseLost):
+        bus.commit(lease, [], commit_id="0:8")
+    # The same id under a new acquisition is a new commit.
+    fresh = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert fresh is not None
+    rerun = bus.commit(fresh, [AppendOp(bus.keys.down(0), {"v": b"8"})], commit_id="0:7")
+    assert not rerun.replayed and rerun.entry_ids != first.entry_ids
+    assert bus.stream_length(bus.keys.down(0)) == 2
+    for bad_id in ("", "a b", "x{y}", "0:7\n"):
+        with pytest.raises(ConfigError):
+            bus.commit(fresh, [], commit_id=bad_id)
+
+
+def test_set_op_ttl_expires_the_key(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    bus.commit(
+        lease,
+        [
+            SetOp(bus.keys.state(0), b"short", ttl_s=0.1),
+            SetOp(bus.keys.global_blob(0, 1, 1), b"kept"),
+        ],
+        commit_id="0:1",
+    )
+    assert bus.get(bus.keys.state(0)) == b"short"
+    bus_case.eventually(
+        lambda: bus.get(bus.keys.state(0)) is None, after_s=0.15, what="SetOp ttl expiry"
+    )
+    assert bus.get(bus.keys.global_blob(0, 1, 1)) == b"kept"
+
+
+def _bad_ops(k: Keys) -> dict[str, Callable[[], CommitOp]]:
+    return {
+        "append without fields": lambda: AppendOp(k.down(0), {}),
+        "append maxlen 0": lambda: AppendOp(k.down(0), {"v": b"7"}, maxlen=0),
+        "append maxlen -1": lambda: AppendOp(k.down(0), {"v": b"7"}, maxlen=-1),
+        "append str value": lambda: AppendOp(k.down(0), {"v": "7"}),  # type: ignore[dict-item]
+        "append empty field name": lambda: AppendOp(k.down(0), {"": b"7"}),
+        "append empty stream": lambda: AppendOp("", {"v": b"7"}),
+        "ack malformed id": lambda: AckOp(k.up(0), G, ("not-an-id",)),
+        "ack id without seq": lambda: AckOp(k.up(0), G, ("1700000000000",)),
+        "ack one string": lambda: AckOp(k.up(0), G, "1-0"),  # type: ignore[arg-type]
+        "ack empty group": lambda: AckOp(k.up(0), "", ("1-0",)),
+        "set ttl 0": lambda: SetOp(k.state(0), b"v", ttl_s=0),
+        "set ttl nan": lambda: SetOp(k.state(0), b"v", ttl_s=float("nan")),
+        "set empty key": lambda: SetOp("", b"v"),
+        "set str value": lambda: SetOp(k.state(0), "v"),  # type: ignore[arg-type]
+        "delete empty key": lambda: DeleteOp((k.state(0), "")),
+        "dead-letter bad id": lambda: DeadLetterOp(Entry(k.up(0), "x", {}), G, k.dlq(0), "r"),
+        "dead-letter no reason": lambda: DeadLetterOp(Entry(k.up(0), "1-0", {}), G, k.dlq(0), ""),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_ops(Keys("x"))))
+def test_bad_op_arguments_are_refused_before_anything_is_sent(bus_case: BusCase, case: str) -> None:
+    bus = bus_case.bus
+    bus.set(bus.keys.state(0), b"v6")
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    with pytest.raises(InvalidArgument) as raised:
+        bus.commit(
+            lease,
+            [SetOp(bus.keys.state(0), b"v7"), AppendOp(bus.keys.rounds(0), {"r": b"7"}),
+             _bad_ops(bus.keys)[case]()],
+            commit_id="0:7",
+        )  # fmt: skip
+    assert isinstance(raised.value, BusError) and isinstance(raised.value, ValueError)
+    assert bus.get(bus.keys.state(0)) == b"v6"
+    assert bus.stream_length(bus.keys.rounds(0)) == 0
+
+
+def test_bad_stream_arguments_are_refused_alike(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    up = bus.keys.up(0)
+    with pytest.raises(InvalidArgument, match="non-empty"):
+        bus.append(up, {})
+    with pytest.raises(InvalidArgument, match="maxlen"):
+        bus.append(up, {"m": b"x"}, maxlen=0)
+    with pytest.raises(InvalidArgument, match="bytes"):
+        bus.append(up, {"m": "text"})  # type: ignore[dict-item]
+    assert bus.get(up) is None  # nothing was created
+    bus.append(up, {"m": b"x"})
+    [entry] = bus.read_group(up, G, "c1")
+    with pytest.raises(InvalidArgument, match="stream id"):
+        bus.ack(up, G, [entry.id, "garbage"])
+    with pytest.raises(InvalidArgument, match="stream id"):
+        bus.read_own_pending(up, G, "c1", after_id="garbage")
+    with pytest.raises(InvalidArgument):
+        bus.dead_letter(Entry(up, "garbage", {}), group=G, dlq=bus.keys.dlq(0), reason="r")
+    assert bus.pending_summary(up, G).count == 1  # the good id was not acked either
+    assert bus.stream_length(bus.keys.dlq(0)) == 0
 
 
 def _round_fixture(bus: Bus) -> tuple[str, list[str], BlobRef]:
@@ -409,7 +706,7 @@ def test_commit_applies_every_op(bus_case: BusCase) -> None:
     up, ids, ref = _round_fixture(bus)
     lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
     assert lease is not None
-    result = bus.commit(lease, _round_ops(bus, up, ids, ref))
+    result = bus.commit(lease, _round_ops(bus, up, ids, ref), commit_id="0:7")
     assert result.acked == 2 and len(result.entry_ids) == 2
     assert bus.get(bus.keys.state(0)) == b"version 7"
     assert bus.get(bus.keys.global_blob(0, 7, 1)) == b"theta-7"
@@ -419,7 +716,7 @@ def test_commit_applies_every_op(bus_case: BusCase) -> None:
     assert bus.pending_summary(up, G).count == 0
     with pytest.raises(BlobMissing):
         bus.get_blob(ref)
-    assert bus.commit(lease, []).entry_ids == ()
+    assert bus.commit(lease, [], commit_id="0:8").entry_ids == ()
 
 
 def test_stale_holders_commit_is_refused_and_applies_nothing(bus_case: BusCase) -> None:
@@ -434,7 +731,7 @@ def test_stale_holders_commit_is_refused_and_applies_nothing(bus_case: BusCase) 
         what="takeover",
     )
     with pytest.raises(LeaseLost):
-        bus.commit(stale, _round_ops(bus, up, ids, ref))
+        bus.commit(stale, _round_ops(bus, up, ids, ref), commit_id="0:7")
     assert bus.get(bus.keys.state(0)) == b"version 6"
     assert bus.get(bus.keys.global_blob(0, 7, 1)) is None
     assert bus.stream_length(bus.keys.down(0)) == 0
@@ -450,7 +747,7 @@ def test_commit_with_a_wrongly_typed_key_applies_nothing(bus_case: BusCase) -> N
     assert lease is not None
     bus.set(bus.keys.rounds(0), b"a string where a stream belongs")
     with pytest.raises(BusError) as raised:
-        bus.commit(lease, _round_ops(bus, up, ids, ref))
+        bus.commit(lease, _round_ops(bus, up, ids, ref), commit_id="0:7")
     assert not isinstance(raised.value, LeaseLost)
     assert bus.get(bus.keys.state(0)) == b"version 6"
     assert bus.stream_length(bus.keys.down(0)) == 0
@@ -463,7 +760,11 @@ def test_scripts_refuse_keys_of_another_fragment_and_bad_ttls(bus_case: BusCase)
     lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
     assert lease is not None
     with pytest.raises(ValueError, match="hash tag"):
-        bus.commit(lease, [SetOp(bus.keys.state(0), b"ok"), SetOp(bus.keys.state(1), b"no")])
+        bus.commit(
+            lease,
+            [SetOp(bus.keys.state(0), b"ok"), SetOp(bus.keys.state(1), b"no")],
+            commit_id="0:1",
+        )
     assert bus.get(bus.keys.state(0)) is None
     bus.append(bus.keys.up(0), {"m": b"x"})
     [entry] = bus.read_group(bus.keys.up(0), G, "c1")
@@ -540,6 +841,70 @@ def test_blob_expires_after_its_ttl(bus_case: BusCase) -> None:
     bus_case.eventually(gone, after_s=0.15, what="blob expiry")
 
 
+def test_staged_blobs_named_after_a_token_are_never_overwritten(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    theta = bytes(range(256)) * 9  # 3 chunks
+    ref = ops.stage_global(bus, lease, fragment_id=0, version=4, payload=theta, ttl_s=60)
+    assert ops.stage_global(bus, lease, fragment_id=0, version=4, payload=theta, ttl_s=60) == ref
+    for other in (b"stale" * 500, theta[:-1] + b"!"):
+        with pytest.raises(LeaseLost, match="already holds another payload"):
+            ops.stage_global(bus, lease, fragment_id=0, version=4, payload=other, ttl_s=60)
+    momentum = bus.keys.momentum_blob(0, 4, lease.token)
+    bus.put_blob(momentum, b"m" * 10, ttl_s=None)  # kept until a commit deletes it
+    with pytest.raises(LeaseLost):
+        bus.put_blob(momentum, b"n" * 10, ttl_s=None)
+    bus_case.eventually(
+        lambda: bus.get_blob(BlobRef(momentum, 1, 10)) == b"m" * 10, 0.2, "a blob without ttl"
+    )
+    assert bus.get_blob(ref) == theta
+    plain = bus.put_blob(bus.keys.up_blob(0, 4, "L0"), b"a", ttl_s=60)
+    bus.put_blob(plain.key, b"b", ttl_s=60)  # other blobs are overwritten as before
+    assert bus.get_blob(plain) == b"b"
+
+
+def test_forged_blob_references_read_and_delete_nothing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    k = bus.keys
+    bus.set(k.state(0), b"precious")
+    real = bus.put_blob(k.up_blob(0, 1, "L0"), b"x" * (2 * CHUNK_BYTES + 1), ttl_s=60)
+    forged = [
+        BlobRef(k.state(0), 1, 8),  # not a blob key
+        BlobRef(k.lease(0), 1, 8),
+        BlobRef(Keys("other-run").up_blob(0, 1, "L0"), 1, 8),  # another run's blob
+        BlobRef(k.up_blob(0, 1, "L0") + "}", 1, 8),
+        BlobRef(real.key, 20_000_000, real.nbytes),  # chunk count not from the size
+        BlobRef(real.key, 2, real.nbytes),
+        BlobRef(real.key, 1, MAX_BLOB_BYTES + 1),
+    ]
+    for ref in forged:
+        with pytest.raises(CorruptPayload):
+            bus.get_blob(ref)
+        with pytest.raises(CorruptPayload):
+            bus.delete_blobs([real, ref])
+    assert bus.get(k.state(0)) == b"precious"
+    assert bus.get_blob(real) == b"x" * (2 * CHUNK_BYTES + 1)  # a bad ref in a batch: no delete
+    staged = BlobRef(k.global_blob(0, 3, 17), 1, 0)
+    with pytest.raises(BlobMissing):  # a valid reference to nothing
+        bus.get_blob(staged)
+    assert bus.delete_blobs([real, staged]) == 3
+
+
+def test_numpy_arrays_are_one_buffer_not_a_sequence(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    flat = np.arange(3 * CHUNK_BYTES, dtype=np.float32)  # 12 kB
+    chunks, total = split_chunks(flat, CHUNK_BYTES)  # type: ignore[arg-type]
+    assert total == flat.nbytes and len(chunks) == 12
+    # Slices of the array itself: iterating it instead would join 4-byte scalars into copies.
+    assert all(isinstance(chunk, memoryview) and chunk.obj is flat for chunk in chunks)
+    array = flat.reshape(3, -1)  # 2-D, C-contiguous
+    ref = bus.put_blob(bus.keys.up_blob(0, 1, "L0"), array, ttl_s=60)  # type: ignore[arg-type]
+    assert bus.get_blob(ref) == array.tobytes()
+    with pytest.raises(ValueError, match="contiguous"):
+        bus.put_blob(bus.keys.up_blob(0, 2, "L0"), array.T, ttl_s=60)  # type: ignore[arg-type]
+
+
 def test_contribution_publish_fetch_ack_and_unlink(bus_case: BusCase) -> None:
     bus = bus_case.bus
     payload = np.arange(1000, dtype=np.float32)
@@ -572,7 +937,7 @@ def test_stage_global_names_the_fencing_token(bus_case: BusCase) -> None:
     assert lease is not None
     ref = ops.stage_global(bus, lease, fragment_id=5, version=3, payload=b"theta", ttl_s=60)
     assert ref.key == bus.keys.global_blob(5, 3, lease.token)
-    bus.commit(lease, [AppendOp(bus.keys.down(5), {"blob": ref.to_bytes()})])
+    bus.commit(lease, [AppendOp(bus.keys.down(5), {"blob": ref.to_bytes()})], commit_id="5:3")
     latest = ops.latest_global(bus, 5)
     assert latest is not None and bus.get_blob(ops.blob_ref(latest)) == b"theta"
 
@@ -669,10 +1034,25 @@ def test_keys_share_one_hash_tag_per_fragment_and_validate_ids() -> None:
     assert {hash_tag(key) for key in beats} == {"run-1.hb"}
     assert k.control("L0") == "ddq:run-1:control:L0" and k.events() == "ddq:run-1:events"
     assert hash_tag(k.events()) is None
-    for bad in ("", "a{b}", "a:b", "a b", "-x", "x" * 65):
+    for bad in ("", "a{b}", "a:b", "a b", "-x", "x" * 65, "L0\n", "run\n", "a\nb"):
         with pytest.raises(ConfigError):
             Keys(bad)
+        with pytest.raises(ConfigError):
+            check_name("learner_id", bad)
     with pytest.raises(ConfigError):
         k.up_blob(0, 1, "L{0}")
+    with pytest.raises(ConfigError):
+        k.up_blob(0, 1, "L0\n")
+    assert k.is_blob_key(k.up_blob(3, 9, "L0")) and k.is_blob_key(k.global_blob(3, 4, 2))
+    assert k.is_blob_key(k.momentum_blob(3, 4, 2))
+    for not_blob in (
+        k.state(3),
+        k.up(3),
+        k.lease(3),
+        Keys("run-2").up_blob(3, 9, "L0"),
+        "ddq:run-1:{run-1.f3}:global:4",
+        "ddq:run-1:{run-1.fx}:blob:up:1:L0",
+    ):
+        assert not k.is_blob_key(not_blob), not_blob
     with pytest.raises(ConfigError):
         k.up(-1)

@@ -10,11 +10,17 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
-from dd_queue.bus import Entry, RedisBus, RedisOptions, SetOp
-from dd_queue.errors import BlobMissing, BusUnavailable, ConfigError, LeaseLost
+from dd_queue.bus import AckOp, AppendOp, Entry, RedisBus, RedisOptions, SetOp, ops
+from dd_queue.errors import BlobMissing, BusError, BusUnavailable, ConfigError, LeaseLost
 from dd_queue.keys import SYNC_GROUP
-from tests.integration.conftest import require_redis_server
+from tests.integration.conftest import (
+    blocked_clients,
+    connections_received,
+    require_redis_server,
+    wait_until,
+)
 from tests.redisproc import RedisProcess
 
 G = SYNC_GROUP
@@ -79,11 +85,162 @@ def test_leases_and_scripts_after_a_restart(private_server: RedisProcess, bus: R
     private_server.restart()
     # The lease is gone with the data set; the script cache too (NOSCRIPT → reloaded).
     with pytest.raises(LeaseLost):
-        bus.commit(before, [SetOp(bus.keys.state(0), b"stale")])
+        bus.commit(before, [SetOp(bus.keys.state(0), b"stale")], commit_id="0:1")
     after = bus.acquire_lease(name, "sync-0", ttl_s=30)
     assert after is not None
-    bus.commit(after, [SetOp(bus.keys.state(0), b"fresh")])
+    assert after.token > before.token  # the counter was lost, the server clock was not
+    bus.commit(after, [SetOp(bus.keys.state(0), b"fresh")], commit_id="0:1")
     assert bus.get(bus.keys.state(0)) == b"fresh"
+    # The old incarnation (same owner) stays fenced: its commit is refused ...
+    with pytest.raises(LeaseLost):
+        bus.commit(before, [SetOp(bus.keys.state(0), b"stale")], commit_id="0:2")
+    assert bus.get(bus.keys.state(0)) == b"fresh"
+    # ... and its staging lands under its own token, never on the committed blob.
+    ref = ops.stage_global(bus, after, fragment_id=0, version=1, payload=b"theta", ttl_s=60)
+    bus.commit(after, [AppendOp(bus.keys.down(0), {"blob": ref.to_bytes()})], commit_id="0:3")
+    stale = ops.stage_global(bus, before, fragment_id=0, version=1, payload=b"STALE", ttl_s=60)
+    assert stale.key != ref.key
+    latest = ops.latest_global(bus, 0)
+    assert latest is not None and bus.get_blob(ops.blob_ref(latest)) == b"theta"
+
+
+class _LoseFirstReply:
+    """Stands in for a script's client: runs the first call, then loses its reply."""
+
+    def __init__(self, real: redis.Redis) -> None:
+        self.real, self.calls = real, 0
+
+    def evalsha(self, *args: object) -> object:
+        out = self.real.evalsha(*args)  # type: ignore[arg-type]
+        self.calls += 1
+        if self.calls == 1:
+            raise redis.TimeoutError("Timeout reading from socket")  # the server ran it
+        return out
+
+    def script_load(self, script: str) -> object:
+        return self.real.script_load(script)
+
+
+def test_a_commit_whose_reply_is_lost_is_retried_without_applying_twice(
+    private_server: RedisProcess, bus: RedisBus
+) -> None:
+    k = bus.keys
+    up = k.up(0)
+    bus.append(up, {"m": b"a"})
+    bus.append(up, {"m": b"b"})
+    ids = tuple(e.id for e in bus.read_group(up, G, "sync-0", count=10))
+    lease = bus.acquire_lease(k.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    lossy = _LoseFirstReply(bus._conn.control)
+    bus._commit_script.registered_client = lossy  # type: ignore[assignment]
+    result = bus.commit(
+        lease,
+        [
+            SetOp(k.state(0), b"v7"),
+            AppendOp(k.down(0), {"version": b"7"}),
+            AppendOp(k.rounds(0), {"round": b"7"}),
+            AckOp(up, G, ids),
+        ],
+        commit_id="0:7",
+    )
+    assert lossy.calls == 2  # it was sent twice ...
+    assert result.replayed and result.acked == 2  # ... and reports the first run
+    assert [e.fields for e in bus.read(k.down(0))] == [{"version": b"7"}]
+    assert [e.id for e in bus.read(k.rounds(0))] == [result.entry_ids[1]]
+
+
+def test_a_dead_letter_whose_reply_is_lost_is_not_duplicated(
+    private_server: RedisProcess, bus: RedisBus
+) -> None:
+    up, dlq = bus.keys.up(0), bus.keys.dlq(0)
+    bus.append(up, {"m": b"poison"})
+    [entry] = bus.read_group(up, G, "sync-0")
+    lossy = _LoseFirstReply(bus._conn.control)
+    bus._dlq_script.registered_client = lossy  # type: ignore[assignment]
+    dead_id = bus.dead_letter(entry, group=G, dlq=dlq, reason="corrupt")
+    assert lossy.calls == 2
+    assert [e.id for e in bus.read(dlq)] == [dead_id]
+    assert bus.pending_summary(up, G).count == 0
+
+
+def _ddq_clients(server: RedisProcess, name: str) -> list[str]:
+    client = server.client()
+    try:
+        return [c["name"] for c in client.client_list() if c["name"] == name]
+    finally:
+        client.close()
+
+
+def test_close_ends_a_blocked_read_and_leaves_no_connection(
+    private_server: RedisProcess,
+) -> None:
+    rbus = RedisBus(private_server.url, "close", options=RedisOptions(max_block_ms=2000))
+    up = rbus.keys.up(0)
+    rbus.ensure_group(up, G)
+    outcome: list[object] = []
+
+    def reader() -> None:
+        try:
+            outcome.append(rbus.read_group(up, G, "c", block_ms=10_000))
+        except BusError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    wait_until(lambda: blocked_clients(private_server) >= 1, 5, "a blocked reader")
+    assert _ddq_clients(private_server, "ddq-reader") == ["ddq-reader"]
+    closed_at = time.monotonic()
+    rbus.close()
+    thread.join(timeout=5)
+    assert time.monotonic() - closed_at < 1.0  # not one more max_block_ms on a new socket
+    assert len(outcome) == 1 and isinstance(outcome[0], BusError)
+    assert "closed" in str(outcome[0])
+    wait_until(lambda: not _ddq_clients(private_server, "ddq-reader"), 2, "reader disconnect")
+    with pytest.raises(BusError, match="closed"):
+        rbus.append(up, {"m": b"x"})
+
+
+def test_an_exhausted_pool_is_not_reported_as_an_unreachable_server(
+    private_server: RedisProcess,
+) -> None:
+    options = RedisOptions(max_connections=4, unavailable_after_s=5.0)
+    rbus = RedisBus(private_server.url, "pool", options=options)
+    up = rbus.keys.up(0)
+    rbus.ensure_group(up, G)
+    errors: list[BusError] = []
+
+    def reader(name: str) -> None:
+        try:
+            rbus.read_group(up, G, name, block_ms=10_000)
+        except BusError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(f"c{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: blocked_clients(private_server) >= 4, 5, "4 blocked readers")
+        started = time.monotonic()
+        with pytest.raises(BusError, match="pool exhausted") as raised:
+            rbus.read_group(up, G, "c4", block_ms=100)
+        assert not isinstance(raised.value, BusUnavailable)
+        assert time.monotonic() - started < 1.0  # at once, not after unavailable_after_s
+        assert rbus.append(up, {"m": b"x"})  # other clients have their own pools
+    finally:
+        rbus.close()
+        for thread in threads:
+            thread.join(timeout=5)
+    assert len(errors) + sum(not t.is_alive() for t in threads) >= 4
+
+
+def test_delivery_counts_survive_a_vanished_group(
+    private_server: RedisProcess, bus: RedisBus
+) -> None:
+    up = bus.keys.up(0)
+    bus.append(up, {"m": b"x"})
+    [entry] = bus.read_group(up, G, "c")
+    bus.delete([up])  # what a restart between the read and the count looks like
+    assert bus._delivery_counts(up, G, "c", [entry.id]) == {}
 
 
 @pytest.fixture
@@ -141,27 +298,32 @@ def test_a_server_that_stays_down_raises_bus_unavailable_in_bounded_time(
 def test_long_blocking_reads_are_split_below_the_socket_timeout(
     private_server: RedisProcess,
 ) -> None:
-    options = RedisOptions(max_block_ms=100, socket_timeout_s=1.2)
+    # block_ms is twice the socket timeout: one unsplit BLOCK would time the socket out and
+    # reconnect (or give up), a split one stays on its connection and returns [] on time.
+    options = RedisOptions(max_block_ms=100, socket_timeout_s=1.2, unavailable_after_s=1.0)
     rbus = RedisBus(private_server.url, "split", options=options)
+    probe = private_server.client()
     try:
         up = rbus.keys.up(0)
+        assert rbus.read_group(up, G, "c") == []  # the reader connection now exists
+        connections = connections_received(probe)
         started = time.monotonic()
-        assert rbus.read_group(up, G, "c", block_ms=350) == []
-        assert time.monotonic() - started >= 0.3
+        assert rbus.read_group(up, G, "c", block_ms=2_500) == []
+        assert time.monotonic() - started >= 2.5 - 0.02
+        assert connections_received(probe) == connections  # no reconnect
         got: list[Entry] = []
-        waiting = threading.Event()
 
         def reader() -> None:
-            waiting.set()
             got.extend(rbus.read_group(up, G, "c", block_ms=5_000))
 
         thread = threading.Thread(target=reader)
         thread.start()
-        assert waiting.wait(5)
+        wait_until(lambda: blocked_clients(private_server) >= 1, 5, "a blocked reader")
         entry_id = rbus.append(up, {"m": b"x"})
         thread.join(timeout=5)
         assert [e.id for e in got] == [entry_id]
     finally:
+        probe.close()
         rbus.close()
 
 

@@ -276,7 +276,7 @@ def test_global_fragment_through_a_fenced_commit_is_bit_exact(
     ref = ops.stage_global_fragment(bus, lease, msg, encoded, ttl_s=60)
     assert ref.key == bus.keys.global_blob(FRAGMENT, 6, lease.token) and ref.n_chunks > 1
     notify = ops.global_notification_op(bus, msg, ref, maxlen=100)
-    result = bus.commit(lease, [notify, SetOp(bus.keys.state(FRAGMENT), b"v6")])
+    result = bus.commit(lease, [notify, SetOp(bus.keys.state(FRAGMENT), b"v6")], commit_id="f3:v6")
 
     entry = ops.latest_global(bus, FRAGMENT)
     assert entry is not None and (entry.id,) == result.entry_ids
@@ -295,7 +295,9 @@ def test_global_fragment_refusals(bus_case: BusCase) -> None:
     encoded = encode(outer_gradient(), CodecSpec("fp32"))
     ref = ops.stage_global_fragment(bus, lease, _global(bus, encoded, version=5), encoded, ttl_s=60)
     # an announcement of version 6 that points to version 5's blob
-    bus.commit(lease, [ops.global_notification_op(bus, _global(bus, encoded), ref)])
+    bus.commit(
+        lease, [ops.global_notification_op(bus, _global(bus, encoded), ref)], commit_id="f3:v6"
+    )
     entry = ops.latest_global(bus, FRAGMENT)
     assert entry is not None
     with pytest.raises(CorruptPayload, match="version 6"):
@@ -303,7 +305,11 @@ def test_global_fragment_refusals(bus_case: BusCase) -> None:
     with pytest.raises(IncompatibleMessage):
         ops.read_global(bus, entry, run_id="another-run", limits=LIMITS)
     odd_token = BlobRef(bus.keys.global_blob(FRAGMENT, 6, 0)[:-1] + "²", 1, ref.nbytes)
-    bus.commit(lease, [ops.global_notification_op(bus, _global(bus, encoded), odd_token)])
+    bus.commit(
+        lease,
+        [ops.global_notification_op(bus, _global(bus, encoded), odd_token)],
+        commit_id="f3:v6b",
+    )
     entry = ops.latest_global(bus, FRAGMENT)
     assert entry is not None
     with pytest.raises(CorruptPayload, match="version 6"):
