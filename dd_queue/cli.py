@@ -26,7 +26,10 @@ from dd_queue import __version__
 from dd_queue.config import load_config
 from dd_queue.errors import DDQError
 
-COMMAND_MODULES: tuple[str, ...] = ("dd_queue.sim.cli",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "dd_queue.sim.cli",
+    "dd_queue.synchronizer.cli",
+)
 """Modules that add subcommands (``register(subparsers)``), e.g. ``dd_queue.learner.cli``."""
 
 

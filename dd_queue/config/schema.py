@@ -254,6 +254,28 @@ class LearnerConfig(_Section):
         True, description="Carry the quantization residual into the next contribution."
     )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW β1.")
+    adam_beta2: float = Field(0.95, ge=0, lt=1, description="AdamW β2.")
+    decay_steps: int = Field(
+        0, ge=0, description="Cosine decay steps after warm-up (0 = max_steps; both 0 = none)."
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor ÷ inner_lr.")
+    join_timeout_s: float = Field(
+        300.0, gt=0, description="At start, wait this long for the initial global model."
+    )
+    receive_block_ms: int = Field(
+        100, ge=1, description="Longest wait of the receiver for a round opening, ms."
+    )
+    resync_interval_s: float = Field(
+        10.0, gt=0, description="Re-check every fragment's newest global this often."
+    )
+    checkpoint_dir: str | None = Field(
+        None, description="Local checkpoints of inner-optimizer state + data position (null=off)."
+    )
+    checkpoint_every_steps: int = Field(500, ge=1, description="Inner steps between checkpoints.")
+    leave_timeout_s: float = Field(
+        10.0, ge=0, description="On shutdown, flush queued contributions this long at most."
+    )
 
 
 class SynchronizerConfig(_Section):
@@ -298,6 +320,15 @@ class SynchronizerConfig(_Section):
     lease_ttl_s: float = Field(10.0, gt=0, description="Fragment lease expiry (takeover time).")
     claim_idle_ms: int = Field(
         30_000, ge=0, description="Reclaim pending contributions idle this long."
+    )
+    initial_step_time_s: float = Field(
+        1.0, gt=0, description="ξ_step guess that paces rounds until learners report theirs."
+    )
+    max_fragments: int = Field(
+        0, ge=0, description="Most fragments one synchronizer owns (0 = all it can take)."
+    )
+    eval_interval_s: float = Field(
+        60.0, gt=0, description="Seconds between evaluations of the global model (evaluator)."
     )
 
     def policy_params(self) -> PolicyParams:

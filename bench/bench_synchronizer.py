@@ -1,0 +1,269 @@
+"""Synchronizer throughput: rounds/s, quorum → published latency, payload MB/s vs raw redis-py.
+
+    python bench/bench_synchronizer.py                    # M = 16, P = 24, 1M-element int8, ~60 s
+    python bench/bench_synchronizer.py --seconds 10 --learners 4 --fragments 4
+    python bench/bench_synchronizer.py --json             # last line: one JSON object
+
+Against a redis-server this script starts on a free loopback port (no persistence):
+
+* **ours**: the real ``Synchronizer`` (``RedisBus`` + ``SystemClock``), pumped in the main
+  thread, with quorum K = M (every round merges all M learners; the fast path, no grace wait).
+  Simulated learners run in one publisher thread: for every round opening they publish M int8
+  contributions of the fragment (encoded once per learner, so the learners' encoding costs
+  nothing here; they live in other processes in a real run). Each round the synchronizer
+  fetches and decodes M payloads, re-anchors, merges (RDA), takes the Nesterov step, stages
+  Θ_p and the momentum (fp32, 8 B/element) and commits.
+* **raw**: the same payload bytes through plain redis-py in the same topology: a producer
+  thread ``XADD``s each payload (inline), the main thread ``XREADGROUP``s (COUNT 16) and
+  ``XACK``s them; run before and after ours, the better of the two counts. It moves bytes and
+  does nothing else: per 1 B/element of int8 read, ours also checks and decodes it (4 B/element
+  of fp32), merges, steps, and writes 8 B/element of new state (Θ_p and momentum, fp32).
+
+Payload MB/s = contribution payload bytes merged (or moved, for raw) ÷ wall time. Latency of a
+round: from its quorum (when the M-th contribution was admitted; the round record's
+``quorum_at_s``) to its version's ``down`` entry (the commit; stream id in server ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find tests/
+
+from dd_queue.bus import RedisBus, ops
+from dd_queue.clock import SystemClock
+from dd_queue.config import DDQConfig, validate_config
+from dd_queue.core.codec import CodecSpec, EncodedTensor, encode
+from dd_queue.messages import Contribution, GlobalFragment, RoundOpen, RoundRecord
+from dd_queue.synchronizer import ArraySource, Synchronizer
+from tests.redisproc import RedisProcess
+
+MB = 1e6
+
+
+def config(url: str, args: argparse.Namespace) -> DDQConfig:
+    return validate_config(
+        {
+            "run": {"run_id": "bench", "log_level": "WARNING"},
+            "redis": {"url": url, "stream_maxlen": 100_000},
+            "wire": {"codec": args.codec},
+            "synchronizer": {
+                "n_fragments": args.fragments,
+                "sync_every_steps": args.fragments,
+                "quorum": args.learners,
+                "round_timeout_s": 120.0,
+                "initial_step_time_s": 0.005,
+                "version_ring": 2,
+                "lease_ttl_s": 30.0,
+            },
+            "membership": {"expected_learners": args.learners},
+        }
+    )
+
+
+class Learners(threading.Thread):
+    """M simulated learners: answer every round opening with M pre-encoded contributions."""
+
+    def __init__(self, cfg: DDQConfig, url: str, payloads: list[EncodedTensor]) -> None:
+        super().__init__(daemon=True)
+        self.cfg, self.payloads = cfg, payloads
+        self.bus = RedisBus(url, cfg.run.run_id, options=cfg.redis.options())
+        self.stop = threading.Event()
+        self.sent_bytes = 0
+
+    def run(self) -> None:
+        limits, after = self.cfg.wire.message_limits(), "0-0"
+        while not self.stop.is_set():
+            for entry in self.bus.read(self.bus.keys.opened_rounds(), after_id=after, block_ms=100):
+                after = entry.id
+                opening = RoundOpen.from_fields(entry.fields, run_id="bench", limits=limits)
+                self.answer(opening.fragment_id, opening.round_id)
+        self.bus.close()
+
+    def answer(self, fragment: int, round_id: int) -> None:
+        latest = ops.latest_global(self.bus, fragment)
+        assert latest is not None
+        limits = self.cfg.wire.message_limits()
+        base = GlobalFragment.from_fields(latest.fields, run_id="bench", limits=limits).version
+        for m, encoded in enumerate(self.payloads):
+            msg = Contribution(
+                run_id="bench",
+                config_digest=self.cfg.digest,
+                learner_id=f"L{m}",
+                fragment_id=fragment,
+                round_id=round_id,
+                base_version=base,
+                n_steps=24,
+                n_tokens=24 * 4096,
+                tensor=encoded.header,
+                created_at_s=time.time(),
+            )
+            ops.send_contribution(self.bus, msg, encoded, ttl_s=600)
+            self.sent_bytes += encoded.payload.nbytes
+
+
+def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = config(url, args)
+    rng = np.random.default_rng(0)
+    source = ArraySource(
+        {
+            f"block{p}.w": rng.standard_normal(args.elements).astype(np.float32) * 0.02
+            for p in range(args.fragments)
+        },
+        origin="bench",
+    )
+    spec = CodecSpec(args.codec, block_size=256)
+    payloads = [
+        encode((rng.standard_normal(args.elements) * 1e-3).astype(np.float32), spec)
+        for _ in range(args.learners)
+    ]
+    bus = RedisBus(url, "bench", options=cfg.redis.options())
+    sync = Synchronizer(cfg, bus=bus, clock=SystemClock(), source=source)
+    sync.start()
+    learners = Learners(cfg, url, payloads)
+    learners.start()
+    started = time.perf_counter()
+    while time.perf_counter() - started < args.seconds:
+        sync.pump(block_ms=50)
+    elapsed = time.perf_counter() - started
+    learners.stop.set()
+    learners.join()
+    rounds, latencies = merged_rounds(bus, cfg)
+    merged_bytes = sum(bus_state_counter(bus, cfg, p, "bytes_in") for p in range(args.fragments))
+    sync.close()
+    bus.close()
+    return {
+        "rounds": len(rounds),
+        "seconds": elapsed,
+        "rounds_s": len(rounds) / elapsed,
+        "payload_mb_s": merged_bytes / MB / elapsed,
+        "latency_p50_ms": float(np.percentile(latencies, 50)) if latencies else float("nan"),
+        "latency_p99_ms": float(np.percentile(latencies, 99)) if latencies else float("nan"),
+        "payload_mb_per_round": args.learners * payloads[0].payload.nbytes / MB,
+    }
+
+
+def bus_state_counter(bus: RedisBus, cfg: DDQConfig, p: int, name: str) -> int:
+    from dd_queue.synchronizer import FragmentState
+
+    raw = bus.get(bus.keys.state(p))
+    assert raw is not None
+    state = FragmentState.from_bytes(raw, run_id="bench", limits=cfg.wire.message_limits())
+    return state.counters.get(name, 0)
+
+
+def merged_rounds(bus: RedisBus, cfg: DDQConfig) -> tuple[list[RoundRecord], list[float]]:
+    """Every merged round record and its quorum → published latency (ms)."""
+    limits, rounds, latencies = cfg.wire.message_limits(), [], []
+    for p in range(cfg.synchronizer.n_fragments):
+        published = {
+            GlobalFragment.from_fields(e.fields, run_id="bench", limits=limits).version: int(
+                e.id.split("-")[0]
+            )
+            for e in bus.read(bus.keys.down(p), count=100_000)
+        }
+        for e in bus.read(bus.keys.rounds(p), count=100_000):
+            record = RoundRecord.from_fields(e.fields, run_id="bench", limits=limits)
+            if record.decision == "merge" and record.quorum_at_s is not None:
+                rounds.append(record)
+                latencies.append(published[record.version_after] - record.quorum_at_s * 1000)
+    return rounds, latencies
+
+
+def run_raw(url: str, payload: bytes, n: int, tag: str) -> float:
+    """MB/s of ``n`` payloads through plain redis-py ``XADD`` (payload inline) and
+    ``XREADGROUP`` + ``XACK``: a producer thread against a consumer (this thread)."""
+    stream, client = f"raw:{tag}:up", redis.Redis.from_url(url)
+    client.xgroup_create(stream, "g", id="0", mkstream=True)
+
+    def produce() -> None:
+        producer = redis.Redis.from_url(url)
+        for _ in range(n):
+            producer.xadd(stream, {"m": b"x" * 160, "d": payload})
+        producer.close()
+
+    started = time.perf_counter()
+    thread = threading.Thread(target=produce)
+    thread.start()
+    done = 0
+    while done < n:
+        reply: Any = client.xreadgroup("g", "c", {stream: ">"}, count=16, block=2000)
+        batch = reply[0][1] if reply else []
+        if any(len(fields[b"d"]) != len(payload) for _, fields in batch):
+            raise RuntimeError("raw XREADGROUP returned a payload of the wrong size")
+        if batch:
+            client.xack(stream, "g", *[entry_id for entry_id, _ in batch])
+        done += len(batch)
+    elapsed = time.perf_counter() - started
+    thread.join()
+    client.delete(stream)
+    client.close()
+    return n * len(payload) / MB / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learners", type=int, default=16, help="M (default %(default)s)")
+    parser.add_argument("--fragments", type=int, default=24, help="P (default %(default)s)")
+    parser.add_argument("--elements", type=int, default=1 << 20, help="per fragment")
+    parser.add_argument("--codec", default="int8", choices=["fp32", "bf16", "int8", "int4"])
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of our run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    wall = time.perf_counter()
+    with RedisProcess() as server:
+        probe = server.client()
+        version = str(probe.info("server").get("redis_version", "?"))
+        probe.close()
+        nbytes = encode(np.zeros(args.elements, np.float32), CodecSpec(args.codec)).payload.nbytes
+        payload = np.random.default_rng(1).bytes(nbytes)
+        n_raw = max(32, 4 * args.learners)
+        raw_before = run_raw(server.url, payload, n_raw, "a")
+        ours = run_ours(server.url, args)
+        raw_after = run_raw(server.url, payload, n_raw, "b")
+    raw = max(raw_before, raw_after)
+    ratio = ours["payload_mb_s"] / raw
+    took = time.perf_counter() - wall
+    print(f"redis-server {version}; M={args.learners} P={args.fragments} ", end="")
+    print(f"{args.elements:,} elements/fragment, {args.codec}; {took:.0f} s\n")
+    print("| rounds | rounds/s | quorum→published p50 / p99 ms | payload MB/s | raw MB/s ", end="")
+    print("| ratio | target |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        f"| {ours['rounds']} | {ours['rounds_s']:.2f} | {ours['latency_p50_ms']:.0f} / "
+        f"{ours['latency_p99_ms']:.0f} | {ours['payload_mb_s']:.0f} | {raw:.0f} | "
+        f"{ratio:.0%} | ≥ 50% {'PASS' if ratio >= 0.5 else 'FAIL'} |"
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    **ours,
+                    "raw_mb_s": raw,
+                    "raw_before_mb_s": raw_before,
+                    "raw_after_mb_s": raw_after,
+                    "ratio": ratio,
+                    "redis_version": version,
+                    "learners": args.learners,
+                    "fragments": args.fragments,
+                    "elements": args.elements,
+                    "codec": args.codec,
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Θ_p and momentum blobs: staged before the commit that references them, fetched on load.
+
+Blobs of the committed state are kept without expiry: a fragment may go unmerged for hours (no
+learner alive, every synchronizer down) and its Θ_p must still be there. They are deleted by the
+commit that stops referencing them (a version leaving the ring, the previous momentum), inside
+that same fenced commit, so nothing the state references can vanish and nothing it dropped stays.
+A crash between staging and the commit leaves the staged blobs of that one version behind, under
+the crashed incarnation's fencing token (noted in ``docs/protocol.md``).
+
+Θ_p blobs use the wire's blob framing with the fp32 codec (learners read them with
+``ops.read_global``, bit-exact); momentum blobs hold ``core.outer.state_to_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dd_queue.bus import BlobRef, Bus, Lease
+from dd_queue.core.anchor import VersionRing
+from dd_queue.core.codec import CodecSpec, TensorHeader, decode, encode
+from dd_queue.core.merge import F32
+from dd_queue.core.outer import NesterovState, state_from_bytes, state_to_bytes
+from dd_queue.errors import CorruptPayload
+from dd_queue.keys import blob_chunk_key
+from dd_queue.messages import MessageLimits
+from dd_queue.synchronizer.state import FragmentState, VersionRef
+from dd_queue.wire import blob_parts, unpack_blob
+
+__all__ = ["delete_keys_of", "load_momentum", "load_ring", "stage_momentum", "stage_theta"]
+
+_FP32 = CodecSpec("fp32")
+
+
+def _put(bus: Bus, key: str, parts: Sequence[bytes | memoryview]) -> BlobRef:
+    """Store ``parts`` back to back as a blob without expiry, in ≤ ``blob_chunk_bytes`` chunks."""
+    data = b"".join(parts)
+    step = bus.blob_chunk_bytes
+    pieces = [data[i : i + step] for i in range(0, len(data), step)] or [b""]
+    for index, piece in enumerate(pieces):
+        bus.set(blob_chunk_key(key, index), piece)
+    return BlobRef(key, len(pieces), len(data))
+
+
+def stage_theta(
+    bus: Bus, lease: Lease, *, fragment_id: int, version: int, theta: F32
+) -> tuple[VersionRef, TensorHeader]:
+    """Write Θ_p(``version``) (exact fp32) under the lease's fencing token.
+
+    Returns:
+        The ring entry to commit and the tensor header for the ``GlobalFragment`` notification.
+    """
+    key = bus.keys.global_blob(fragment_id, version, lease.token)
+    encoded = encode(theta, _FP32)
+    parts = blob_parts(run_id=bus.keys.run_id, blob_key=key, encoded=encoded)
+    ref = _put(bus, key, parts)
+    blob = ref.to_bytes().decode()
+    return VersionRef(version=version, blob=blob, tensor=encoded.header), encoded.header
+
+
+def stage_momentum(
+    bus: Bus, lease: Lease, *, fragment_id: int, version: int, state: NesterovState
+) -> BlobRef:
+    """Write the outer momentum after ``version`` under the lease's fencing token."""
+    key = bus.keys.momentum_blob(fragment_id, version, lease.token)
+    return _put(bus, key, [state_to_bytes(state)])
+
+
+def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -> F32:
+    """Fetch and decode Θ_p of one ring entry (checksum verified).
+
+    Raises:
+        BlobMissing: The blob is gone (the run's state was damaged).
+        ProtocolError: The blob does not match its reference.
+    """
+    blob_ref = ref.ref
+    payload = unpack_blob(
+        bus.get_blob(blob_ref),
+        run_id=bus.keys.run_id,
+        blob_key=blob_ref.key,
+        expect=ref.tensor,
+        limits=limits,
+    )
+    theta = decode(ref.tensor, payload, limits=limits.tensor)
+    if theta.size != size:
+        raise CorruptPayload(f"{blob_ref.key}: {theta.size} elements, the fragment has {size}")
+    return np.array(theta, dtype=np.float32, copy=True)
+
+
+def load_ring(
+    bus: Bus, state: FragmentState, *, capacity: int, limits: MessageLimits, size: int
+) -> tuple[VersionRing, F32]:
+    """The version ring (last ``capacity`` versions of the state's ring) and Θ_p(v), a copy."""
+    ring = VersionRing(capacity=capacity, size=size)
+    for ref in state.ring[-capacity:]:
+        ring.push(ref.version, load_theta(bus, ref, limits=limits, size=size))
+    current = ring.get(state.version)
+    if current is None:  # unreachable: the ring always ends with the current version
+        raise CorruptPayload(f"fragment {state.fragment_id}: version {state.version} not loaded")
+    return ring, np.array(current, dtype=np.float32, copy=True)
+
+
+def load_momentum(bus: Bus, state: FragmentState, *, size: int) -> NesterovState:
+    """The outer Nesterov state after the state's version."""
+    return state_from_bytes(bus.get_blob(state.momentum_ref), size=size)
+
+
+def delete_keys_of(refs: Sequence[BlobRef]) -> tuple[str, ...]:
+    """Every chunk key of the blobs (for a ``DeleteOp``)."""
+    return tuple(key for ref in refs for key in ref.chunk_keys())

@@ -1,0 +1,113 @@
+"""What every part of the synchronizer shares: the bus, the clocks, the settings, the fault hooks.
+
+Built once by :class:`~dd_queue.synchronizer.Synchronizer` and passed to the helpers, so each
+helper module is a few plain functions over (context, fragment runtime).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dd_queue.bus import Bus, ops
+from dd_queue.clock import Clock
+from dd_queue.config import DDQConfig, SynchronizerConfig
+from dd_queue.core.membership import MembershipParams
+from dd_queue.core.policy import PolicyParams
+from dd_queue.faults import Fault, FaultInjector
+from dd_queue.messages import Event, MessageLimits, Scalar
+
+__all__ = ["Context", "hard_kill"]
+
+log = logging.getLogger("dd_queue.synchronizer")
+
+
+def hard_kill(point: str) -> None:
+    """The ``kill`` fault of a real process: SIGKILL itself (nothing is flushed or released)."""
+    log.warning("fault.kill at %s: exiting with SIGKILL", point)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """The synchronizer's dependencies and derived settings.
+
+    Attributes:
+        bus: The run's bus.
+        clock: Monotonic seconds (``FakeClock`` in the in-process runner).
+        wall: Wall-clock seconds since the epoch, for records and events.
+        cfg: The whole resolved config.
+        owner: This synchronizer's id: lease owner, consumer name and heartbeat member.
+        injector: Faults armed against this synchronizer.
+        kill: Effect of a ``kill`` fault at a named point (``hard_kill`` in a service).
+        digest: The config's digest (contributions must carry the same), derived once.
+        limits: Decode limits of every message, derived once.
+        policy: The quorum policy's knobs, derived once.
+        membership: The liveness thresholds, derived once.
+    """
+
+    bus: Bus
+    clock: Clock
+    wall: Callable[[], float]
+    cfg: DDQConfig
+    owner: str
+    injector: FaultInjector
+    kill: Callable[[str], None]
+    digest: str = field(init=False)
+    limits: MessageLimits = field(init=False)
+    policy: PolicyParams = field(init=False)
+    membership: MembershipParams = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Derived once: the config digest hashes the whole tree, far too slow per message.
+        object.__setattr__(self, "digest", self.cfg.digest)
+        object.__setattr__(self, "limits", self.cfg.wire.message_limits())
+        object.__setattr__(self, "policy", self.cfg.synchronizer.policy_params())
+        object.__setattr__(self, "membership", self.cfg.membership.params())
+
+    @property
+    def sync(self) -> SynchronizerConfig:
+        """The ``synchronizer`` section."""
+        return self.cfg.synchronizer
+
+    @property
+    def run_id(self) -> str:
+        return self.cfg.run.run_id
+
+    @property
+    def maxlen(self) -> int:
+        """Approximate cap of every stream the synchronizer appends to."""
+        return self.cfg.redis.stream_maxlen
+
+    def wall_at(self, t: float) -> float:
+        """Wall-clock time of monotonic time ``t`` (≥ 0, as records require)."""
+        return max(0.0, self.wall() - (self.clock.now() - t))
+
+    def emit(self, kind: str, message: str, **fields: Scalar) -> None:
+        """Append an event to the run's event stream (after the commit it reports; best effort
+        is not needed: a bus error here propagates like any other)."""
+        event = Event(
+            run_id=self.run_id, kind=kind, message=message, fields=fields, at_s=self.wall()
+        )
+        ops.emit_event(self.bus, event.to_fields(), maxlen=self.maxlen)
+
+    def fault(self, point: str) -> Fault | None:
+        """Apply the fault armed at ``point``: ``kill`` calls ``kill``, ``stall`` sleeps for its
+        duration. Returns it (a caller acts on ``disconnect`` itself), or None."""
+        fault = self.injector.check(point)
+        if fault is None:
+            return None
+        log.warning("fault.fired %s at %s", fault.kind, point, extra=_ddq(fault=fault.fault_id))
+        if fault.kind == "kill":
+            self.kill(point)
+        elif fault.kind == "stall":
+            self.clock.sleep(fault.remaining_s(self.clock.now()) or fault.number("seconds", 1.0))
+        return fault
+
+
+def _ddq(**fields: Any) -> Mapping[str, Mapping[str, Any]]:
+    return {"ddq": fields}

@@ -1,0 +1,113 @@
+"""The evaluator: a light process that scores the newest global model on the held-out split.
+
+    ddq evaluator --config config/demo.yaml [--once]
+
+Every ``synchronizer.eval_interval_s`` it loads the newest published version of every fragment
+(``export.global_model``: checksums verified, bit-exact), copies them into a CPU model built
+from the config, and runs ``data.eval_batches`` held-out batches (the same examples every time,
+the split every learner leaves out). The result is an ``eval.done`` event on the run's event
+stream with the mean loss (nats per token, or per image), the accuracy for image models, and
+the fragment versions it used, which is where the control plane's eval history comes from.
+It reads only; it holds no lease and never slows the synchronizer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from dd_queue.bus import Bus
+from dd_queue.config import DDQConfig
+from dd_queue.messages import Event
+
+__all__ = ["EvalResult", "Evaluator"]
+
+log = logging.getLogger("dd_queue.evaluator")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """One evaluation: mean held-out loss, accuracy (image models) and the versions used."""
+
+    loss: float
+    accuracy: float | None
+    versions: dict[int, int]
+    n_examples: int
+
+
+class Evaluator:
+    """Scores the global model; build once (model and held-out data), call ``evaluate`` often.
+
+    Args:
+        cfg: The run's config (model, data, synchronizer.n_fragments).
+        bus: The run's bus.
+    """
+
+    def __init__(self, cfg: DDQConfig, *, bus: Bus) -> None:
+        import torch
+
+        from dd_queue.data import ShardLoader, build_dataset
+        from dd_queue.models import build_model
+
+        torch.set_num_threads(1)
+        self.cfg, self.bus = cfg, bus
+        spec = cfg.model.spec()
+        self.model = build_model(spec, seed=cfg.run.seed, device="cpu").eval()
+        data = cfg.data.spec(vocab_size=spec.vocab_size)
+        loader = ShardLoader(
+            build_dataset(data, seq_len=spec.seq_len),
+            batch_size=data.batch_size,
+            eval_fraction=data.eval_fraction,
+        )
+        self.batches = list(loader.eval_batches(max_batches=cfg.data.eval_batches))
+
+    def evaluate(self) -> EvalResult:
+        """Load the newest global model and score it; emit and return the result."""
+        import time
+
+        import torch
+
+        from dd_queue.synchronizer.export import global_model
+
+        tensors, versions, _ = global_model(self.bus, self.cfg)
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.copy_(torch.from_numpy(tensors[name]))
+            losses, correct, n = [], [], 0
+            for batch in self.batches:
+                out = self.model(batch)
+                losses.append(float(out.task_loss) * batch.n_tokens)
+                if out.accuracy is not None:
+                    correct.append(float(out.accuracy) * batch.n_tokens)
+                n += batch.n_tokens
+        loss = float(np.sum(losses) / max(n, 1))
+        accuracy = float(np.sum(correct) / max(n, 1)) if correct else None
+        result = EvalResult(loss=loss, accuracy=accuracy, versions=versions, n_examples=n)
+        event = Event(
+            run_id=self.cfg.run.run_id,
+            kind="eval.done",
+            message=f"held-out loss {loss:.4f} at versions {versions}",
+            fields={
+                "loss": loss,
+                "accuracy": accuracy,
+                "versions": json.dumps({str(p): v for p, v in versions.items()}),
+                "min_version": min(versions.values(), default=0),
+                "n_examples": n,
+            },
+            at_s=time.time(),
+        )
+        self.bus.append(
+            self.bus.keys.events(), event.to_fields(), maxlen=self.cfg.redis.stream_maxlen
+        )
+        log.info("eval.done loss %.4f accuracy %s versions %s", loss, accuracy, versions)
+        return result
+
+    def run(self, stop: threading.Event) -> None:
+        """Evaluate every ``eval_interval_s`` until ``stop`` is set."""
+        while not stop.is_set():
+            self.evaluate()
+            stop.wait(self.cfg.synchronizer.eval_interval_s)

@@ -1,0 +1,194 @@
+"""From ``up`` stream entries to held contributions: validate, dead-letter, admit.
+
+Per entry, in order (the first that applies decides):
+
+1. a redelivery of an entry already read in this lifetime is skipped;
+2. a trimmed entry (no fields) is settled as ``dropped``;
+3. the entry is read and verified whole (``ops.read_contribution``: envelope, run, stream,
+   reference, blob framing, checksum, NaN/Inf, size limits), then its config digest and size
+   are compared with ours: any failure dead-letters it with the reason. One exception: a
+   missing payload of an entry that could not merge anyway (a duplicate or late twin of a
+   merged one, whose commit deleted the shared payload) is settled by its outcome instead;
+4. ``core.rounds.RoundState.admit`` says duplicate / late / invalid / stale / superseded: the
+   entry is settled with that outcome (acked by the fragment's next commit, never merged);
+5. otherwise it is held (decoded) for the merge, and a contribution of the same learner it
+   replaced is settled as ``superseded``.
+
+Dead-lettering is a fenced commit of ``DeadLetterOp`` s (the move and the ack in one step), made
+once per batch of entries, with the ``dead_lettered`` counter of the fragment's state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import cast
+
+from dd_queue.bus import BlobRef, DeadLetterOp, Entry, SetOp, ops
+from dd_queue.core.rounds import Admission, ContributionMeta
+from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
+from dd_queue.keys import SYNC_GROUP
+from dd_queue.messages import Contribution, EntryOutcome, EntryOutcomeKind
+from dd_queue.synchronizer.context import Context
+from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
+
+__all__ = ["admit_entries", "dead_letter", "settle"]
+
+log = logging.getLogger("dd_queue.synchronizer")
+
+Rejected = tuple[Entry, str]
+"""An entry to dead-letter and the reason."""
+
+
+def admit_entries(
+    ctx: Context, rt: FragmentRuntime, entries: Iterable[Entry], now: float
+) -> list[Rejected]:
+    """Offer entries of the fragment's ``up`` stream to its round.
+
+    Returns:
+        The entries to dead-letter, with their reasons (``dead_letter`` moves them).
+    """
+    rejected: list[Rejected] = []
+    for entry in entries:
+        if entry.id in rt.known:
+            continue  # redelivered (reclaimed from ourselves): already held or settled
+        rt.known.add(entry.id)
+        reason = _offer(ctx, rt, entry, now)
+        if reason is not None:
+            rejected.append((entry, reason))
+    return rejected
+
+
+def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float) -> str | None:
+    """Admit, settle or refuse one entry; returns the dead-letter reason of a refusal."""
+    if entry.deleted:
+        settle(rt, entry.id, "", rt.round.round_id, "dropped", "trimmed while pending", None)
+        return None
+    try:
+        msg, delta = ops.read_contribution(ctx.bus, entry, run_id=ctx.run_id, limits=ctx.limits)
+        _check_compatible(ctx, rt, msg, delta.size)
+    except BlobMissing as exc:
+        # A duplicate or late entry may name a payload its merged twin's commit deleted:
+        # settle it by its admission outcome; an entry that could still merge is lost.
+        return _offer_without_payload(ctx, rt, entry, now, f"{ops.rejection_reason(exc)}: {exc}")
+    except ProtocolError as exc:
+        return f"{ops.rejection_reason(exc)}: {exc}"
+    round_after, admission = rt.round.admit(
+        _meta(msg, entry), now=now, max_staleness=ctx.sync.max_staleness
+    )
+    ref = ops.blob_ref(entry)
+    if not admission.admitted:
+        outcome = cast(EntryOutcomeKind, admission.kind)  # not admitted: an outcome kind
+        settle(
+            rt, entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, ref, ref.nbytes
+        )
+        _log_admission(rt, admission)
+        return None
+    rt.round = round_after
+    old = rt.held.get(msg.learner_id)
+    if old is not None:
+        why = f"replaced by {msg.learner_id}'s round {msg.round_id} contribution"
+        settle(
+            rt,
+            old.entry.id,
+            old.msg.learner_id,
+            old.msg.round_id,
+            "superseded",
+            why,
+            old.blob,
+            old.blob.nbytes,
+        )
+    rt.held[msg.learner_id] = Held(entry=entry, msg=msg, delta=delta, blob=ref)
+    _log_admission(rt, admission)
+    return None
+
+
+def _offer_without_payload(
+    ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, reason: str
+) -> str | None:
+    try:
+        msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
+    except ProtocolError as exc:
+        return f"{ops.rejection_reason(exc)}: {exc}"
+    _, admission = rt.round.admit(_meta(msg, entry), now=now, max_staleness=ctx.sync.max_staleness)
+    if admission.admitted:
+        return reason
+    outcome = cast(EntryOutcomeKind, admission.kind)
+    settle(rt, entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, None)
+    _log_admission(rt, admission)
+    return None
+
+
+def _check_compatible(ctx: Context, rt: FragmentRuntime, msg: Contribution, size: int) -> None:
+    if msg.config_digest != ctx.digest:
+        raise IncompatibleMessage(
+            f"config digest {msg.config_digest} differs from the run's {ctx.digest}"
+        )
+    if size != rt.fragment.size:
+        raise IncompatibleMessage(
+            f"{size} elements; fragment {rt.fragment_id} has {rt.fragment.size}"
+        )
+
+
+def _meta(msg: Contribution, entry: Entry) -> ContributionMeta:
+    return ContributionMeta(
+        learner_id=msg.learner_id,
+        fragment_id=msg.fragment_id,
+        round_id=msg.round_id,
+        base_version=msg.base_version,
+        n_steps=msg.n_steps,
+        n_tokens=msg.n_tokens,
+        entry_id=entry.id,
+    )
+
+
+def settle(
+    rt: FragmentRuntime,
+    entry_id: str,
+    learner_id: str,
+    round_id: int,
+    outcome: EntryOutcomeKind,
+    reason: str,
+    blob: BlobRef | None,
+    bytes_in: int = 0,
+) -> None:
+    """Queue an entry for the next commit's acks, with its outcome for the round record
+    (``bytes_in``: its payload's size when it was fetched)."""
+    record = EntryOutcome(
+        entry_id=entry_id,
+        learner_id=learner_id or "?",
+        round_id=round_id,
+        outcome=outcome,
+        reason=reason,
+    )
+    rt.settled.append(Settled(outcome=record, blob=blob, bytes_in=bytes_in))
+
+
+def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected]) -> None:
+    """Move refused entries to the fragment's ``dlq`` with their reasons, fenced, in one commit
+    that also counts them in the fragment's state.
+
+    Raises:
+        LeaseLost: The lease was taken over; nothing was moved.
+    """
+    if not rejected:
+        return
+    bus, p = ctx.bus, rt.fragment_id
+    state = rt.state.counted({"dead_lettered": len(rejected)})
+    commit_ops: list[DeadLetterOp | SetOp] = [
+        DeadLetterOp(entry, SYNC_GROUP, bus.keys.dlq(p), reason, ctx.maxlen)
+        for entry, reason in rejected
+    ]
+    commit_ops.append(SetOp(bus.keys.state(p), state.to_bytes()))
+    bus.commit(rt.lease, commit_ops, commit_id=f"{p}:dlq:{rejected[0][0].id}")
+    rt.state = state
+    for entry, reason in rejected:
+        rt.known.discard(entry.id)
+        log.warning("contribution.dead_lettered fragment %d entry %s: %s", p, entry.id, reason)
+        ctx.emit("contribution.dead_lettered", reason, fragment=p, entry=entry.id)
+
+
+def _log_admission(rt: FragmentRuntime, admission: Admission) -> None:
+    level = logging.DEBUG if admission.admitted else logging.INFO
+    kind = "accepted" if admission.admitted else admission.kind
+    log.log(level, "contribution.%s fragment %d: %s", kind, rt.fragment_id, admission.reason)

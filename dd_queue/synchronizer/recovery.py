@@ -1,0 +1,123 @@
+"""Taking a fragment on: its lease, its committed state (or version 0), and its open round.
+
+After a restart or a takeover, nothing in memory is trusted: the runtime is rebuilt from what
+Redis holds. The state gives Θ_p, the momentum and the ring; the round is rebuilt from
+
+- the latest round opening on the run's ``open`` stream (the newest round of this fragment at
+  or before it, ``r ≡ p mod P``, is treated as open unless the state says it merged), and
+- the entries still pending in the group: this synchronizer's own (``read_own_pending``, its
+  consumer name is stable across restarts) and those idle longer than ``claim_idle_ms`` under
+  other consumers (``reclaim``: a dead or fenced former owner's). They are offered to the round
+  again; an entry applied by an earlier commit was acked by that same commit, so it is not
+  pending, and a duplicate of it is refused as ``late`` (its round is at most the last merged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from dd_queue.bus import Entry, Lease
+from dd_queue.core.rounds import RoundState
+from dd_queue.errors import ProtocolError
+from dd_queue.keys import SYNC_GROUP
+from dd_queue.messages import Contribution, RoundOpen
+from dd_queue.synchronizer.context import Context
+from dd_queue.synchronizer.state import FragmentState
+
+__all__ = ["latest_round", "pending_entries", "rebuild_round", "reclaim_entries"]
+
+log = logging.getLogger("dd_queue.synchronizer")
+
+PAGE = 500
+"""Pending entries read per call."""
+
+
+def latest_round(ctx: Context) -> int | None:
+    """The newest round id announced on the run's ``open`` stream (any fragment), or None."""
+    entry = ctx.bus.read_latest(ctx.bus.keys.opened_rounds())
+    if entry is None:
+        return None
+    try:
+        return RoundOpen.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits).round_id
+    except ProtocolError as exc:
+        log.warning("round.open_unreadable %s: %s", entry.id, exc)
+        return None
+
+
+def pending_entries(ctx: Context, fragment_id: int) -> list[Entry]:
+    """This synchronizer's own pending entries of the fragment's ``up`` stream, all pages."""
+    stream, out, after = ctx.bus.keys.up(fragment_id), [], "0-0"
+    ctx.bus.ensure_group(stream, SYNC_GROUP)
+    while True:
+        page = ctx.bus.read_own_pending(stream, SYNC_GROUP, ctx.owner, count=PAGE, after_id=after)
+        out += page
+        if len(page) < PAGE:
+            return out
+        after = page[-1].id
+
+
+def reclaim_entries(ctx: Context, fragment_id: int) -> list[Entry]:
+    """Entries of the fragment idle ≥ ``claim_idle_ms`` under any consumer, now ours."""
+    stream = ctx.bus.keys.up(fragment_id)
+    claimed = ctx.bus.reclaim(
+        stream, SYNC_GROUP, ctx.owner, min_idle_ms=ctx.sync.claim_idle_ms, count=PAGE
+    )
+    if claimed.deleted_ids:
+        log.warning(
+            "contribution.lost fragment %d: %d pending entries were trimmed before they were "
+            "settled: %s",
+            fragment_id,
+            len(claimed.deleted_ids),
+            claimed.deleted_ids[:8],
+        )
+    return claimed.entries
+
+
+def rebuild_round(
+    ctx: Context, state: FragmentState, entries: Iterable[Entry], *, latest: int | None, now: float
+) -> tuple[RoundState, bool]:
+    """The fragment's round after a (re)start, and whether it counts as announced.
+
+    Args:
+        ctx: The synchronizer's context.
+        state: The fragment's committed state.
+        entries: Its pending entries (their round ids show rounds learners answered).
+        latest: The newest announced round id of the run (``latest_round``).
+        now: Current time, seconds (the rebuilt round's opening time).
+    """
+    p, n = state.fragment_id, state.n_fragments
+    answered = [r for r in (_round_of(ctx, e) for e in entries) if r is not None and r % n == p]
+    candidates = list(answered)
+    if latest is not None and latest - (latest - p) % n >= 0:
+        candidates.append(latest - (latest - p) % n)
+    last = state.last_merged_round_id
+    newest = max(candidates, default=None)
+    if newest is not None and (last is None or newest > last):
+        round_id, announced = newest, True
+    else:
+        round_id, announced = (p if last is None else last + n), False
+    round_state = RoundState(
+        fragment_id=p,
+        round_id=round_id,
+        opened_at_s=now,
+        current_version=state.version,
+        last_merged_round_id=last,
+    )
+    return round_state, announced
+
+
+def _round_of(ctx: Context, entry: Entry) -> int | None:
+    if entry.deleted:
+        return None
+    try:
+        return Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits).round_id
+    except ProtocolError:
+        return None
+
+
+def acquire(ctx: Context, fragment_id: int) -> Lease | None:
+    """Take the fragment's lease if it is free, expired or already ours; None otherwise."""
+    return ctx.bus.acquire_lease(
+        ctx.bus.keys.lease(fragment_id), ctx.owner, ttl_s=ctx.sync.lease_ttl_s
+    )

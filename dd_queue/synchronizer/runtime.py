@@ -1,0 +1,265 @@
+"""One owned fragment in memory: Θ_p, momentum, version ring, the open round and its entries.
+
+A ``FragmentRuntime`` exists only while this synchronizer holds the fragment's lease. It is built
+from the committed ``FragmentState`` (``load_fragment``), or by creating version 0 when the run
+has no state for the fragment yet (``create_fragment``). On a lost lease or an unknown commit
+outcome it is simply dropped: everything it held is still pending in the group, and the next
+owner (or this one, after re-acquiring) rebuilds it from Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dd_queue.bus import BlobRef, CommitOp, Entry, Lease, SetOp, ops
+from dd_queue.core.anchor import VersionRing
+from dd_queue.core.fragments import Fragment, FragmentPlan, flatten_fragment
+from dd_queue.core.merge import F32
+from dd_queue.core.outer import NesterovState
+from dd_queue.core.policy import Decision
+from dd_queue.core.rounds import RoundState
+from dd_queue.errors import ConfigError
+from dd_queue.messages import Contribution, EntryOutcome, GlobalFragment, RoundOpen
+from dd_queue.synchronizer import blobs
+from dd_queue.synchronizer.context import Context
+from dd_queue.synchronizer.source import Arrays
+from dd_queue.synchronizer.state import FragmentState, fragment_of, segments_of
+
+__all__ = [
+    "FragmentRuntime",
+    "FragmentStatus",
+    "Held",
+    "Settled",
+    "create_fragment",
+    "load_fragment",
+]
+
+log = logging.getLogger("dd_queue.synchronizer")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Held:
+    """An admitted contribution, decoded, waiting for its fragment's merge."""
+
+    entry: Entry
+    msg: Contribution
+    delta: F32
+    blob: BlobRef
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """An entry the next commit acks with a non-merged outcome (its blob is deleted after).
+
+    ``bytes_in`` counts its payload when it was fetched (a held contribution superseded later).
+    """
+
+    outcome: EntryOutcome
+    blob: BlobRef | None
+    bytes_in: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentStatus:
+    """One owned fragment as the runner, tests and logs see it."""
+
+    fragment_id: int
+    version: int
+    round_id: int
+    announced: bool
+    held: tuple[str, ...]
+    reason: str
+
+
+@dataclass(eq=False, kw_only=True)
+class FragmentRuntime:
+    """The in-memory state of one owned fragment.
+
+    Attributes:
+        fragment: Layout of Θ_p.
+        state: The last committed state (what Redis holds).
+        lease: The fragment's lease and fencing token.
+        theta: Θ_p at ``state.version`` (float32, owned).
+        momentum: The outer Nesterov state after that version.
+        ring: Recent versions for re-anchoring.
+        round: The core round state (held contributions, admission rules).
+        announced: Whether ``round.round_id`` was announced on the ``open`` stream (only then
+            does the policy decide; before, it is the placeholder of the next round).
+        held: Admitted contributions by learner.
+        settled: Entries to ack with their outcome in the next commit.
+        known: Entry ids read and not yet committed (redeliveries are skipped).
+        decision: The policy's last decision for the open round.
+    """
+
+    fragment: Fragment
+    state: FragmentState
+    lease: Lease
+    theta: F32
+    momentum: NesterovState
+    ring: VersionRing
+    round: RoundState
+    announced: bool = False
+    held: dict[str, Held] = field(default_factory=dict)
+    settled: list[Settled] = field(default_factory=list)
+    known: set[str] = field(default_factory=set)
+    decision: Decision | None = None
+
+    @property
+    def fragment_id(self) -> int:
+        return self.fragment.index
+
+    def status(self) -> FragmentStatus:
+        """Version, open round, held learners and the last decision's (or commit's) reason."""
+        reason = self.decision.reason if self.decision is not None else self.state.last_reason
+        return FragmentStatus(
+            fragment_id=self.fragment_id,
+            version=self.state.version,
+            round_id=self.round.round_id,
+            announced=self.announced,
+            held=tuple(sorted(self.held)),
+            reason=reason,
+        )
+
+    def announce(self, ctx: Context, round_id: int, now: float, reason: str) -> None:
+        """Open ``round_id`` (≥ the placeholder) and append its ``RoundOpen`` to the run's
+        ``open`` stream, where learners see it."""
+        r = self.round
+        if round_id > r.round_id:
+            self.round = r.reopened(round_id=round_id, opened_at_s=now)
+        else:
+            self.round = dataclasses.replace(r, opened_at_s=now)
+        self.announced, self.decision = True, None
+        msg = RoundOpen(
+            run_id=ctx.run_id,
+            fragment_id=self.fragment_id,
+            round_id=self.round.round_id,
+            opened_at_s=ctx.wall_at(now),
+            reason=reason,
+        )
+        ctx.bus.append(ctx.bus.keys.opened_rounds(), msg.to_fields(), maxlen=ctx.maxlen)
+        log.info(
+            "round.opened fragment %d round %d: %s", self.fragment_id, self.round.round_id, reason
+        )
+
+
+def create_fragment(
+    ctx: Context, lease: Lease, *, plan: FragmentPlan, fragment_id: int, arrays: Arrays, origin: str
+) -> FragmentState:
+    """Commit version 0 of a fragment: Θ_p(0) from ``arrays``, zero momentum, state, ``down``.
+
+    Returns:
+        The committed state.
+    """
+    fragment = plan.fragments[fragment_id]
+    theta = flatten_fragment(fragment, arrays)
+    bus = ctx.bus
+    ref, header = blobs.stage_theta(bus, lease, fragment_id=fragment_id, version=0, theta=theta)
+    momentum = blobs.stage_momentum(
+        bus, lease, fragment_id=fragment_id, version=0, state=NesterovState.zeros(fragment.size)
+    )
+    reason = f"run created from {origin}"
+    state = FragmentState(
+        run_id=ctx.run_id,
+        fragment_id=fragment_id,
+        n_fragments=plan.n_fragments,
+        plan_digest=plan.digest,
+        config_digest=ctx.digest,
+        segments=segments_of(fragment),
+        version=0,
+        last_merged_round_id=None,
+        ring=(ref,),
+        momentum=momentum.to_bytes().decode(),
+        quorum_ema_s=None,
+        sync_ema_s=None,
+        ema_samples=(0, 0),
+        counters={"bytes_out": ref.ref.nbytes},
+        last_reason=reason,
+        committed_by=ctx.owner,
+    )
+    notice = GlobalFragment(
+        run_id=ctx.run_id,
+        fragment_id=fragment_id,
+        version=0,
+        round_id=0,
+        tensor=header,
+        created_at_s=ctx.wall(),
+        reason=reason,
+    )
+    commit_ops: list[CommitOp] = [
+        SetOp(bus.keys.state(fragment_id), state.to_bytes()),
+        ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen),
+    ]
+    bus.commit(lease, commit_ops, commit_id=f"{fragment_id}:create")
+    log.info("fragment.created %d: version 0 (%s)", fragment_id, origin)
+    ctx.emit("fragment.created", reason, fragment=fragment_id, version=0)
+    return state
+
+
+def read_state(ctx: Context, fragment_id: int) -> FragmentState | None:
+    """The committed state of a fragment, or None when the run has none for it yet."""
+    raw = ctx.bus.get(ctx.bus.keys.state(fragment_id))
+    if raw is None:
+        return None
+    return FragmentState.from_bytes(raw, run_id=ctx.run_id, limits=ctx.limits)
+
+
+def check_state(
+    ctx: Context, state: FragmentState, *, plan_digest: str, allow_config_change: bool
+) -> FragmentState:
+    """Refuse a state of another model plan, or of another config unless allowed.
+
+    Returns:
+        The state, with this config's digest when a change was allowed.
+
+    Raises:
+        ConfigError: The plan differs, or the config digest differs and is not allowed to.
+    """
+    p = state.fragment_id
+    if state.plan_digest != plan_digest or state.n_fragments != ctx.sync.n_fragments:
+        raise ConfigError(
+            f"fragment {p} of run {ctx.run_id!r} was planned for another model or "
+            f"n_fragments ({state.n_fragments} fragments, plan {state.plan_digest[:12]}); this "
+            f"config plans {ctx.sync.n_fragments} (plan {plan_digest[:12]}). Use the run's "
+            "model config, or start a new run_id"
+        )
+    if state.config_digest == ctx.digest:
+        return state
+    if not allow_config_change:
+        raise ConfigError(
+            f"run {ctx.run_id!r} was created with config digest {state.config_digest}; this "
+            f"config's digest is {ctx.digest}. Use the run's config, or pass "
+            "--allow-config-change to continue the run under the new one"
+        )
+    log.warning("fragment.config_changed %d: %s → %s", p, state.config_digest, ctx.digest)
+    return dataclasses.replace(state, config_digest=ctx.digest)
+
+
+def load_fragment(
+    ctx: Context, lease: Lease, state: FragmentState, *, round_state: RoundState
+) -> FragmentRuntime:
+    """Build the runtime of a committed state: fetch Θ_p, the ring and the momentum."""
+    fragment = fragment_of(state)
+    ring, theta = blobs.load_ring(
+        ctx.bus, state, capacity=ctx.sync.version_ring, limits=ctx.limits, size=fragment.size
+    )
+    momentum = blobs.load_momentum(ctx.bus, state, size=fragment.size)
+    log.info(
+        "fragment.loaded %d: version %d, ring v%s..v%d",
+        state.fragment_id,
+        state.version,
+        ring.versions[0],
+        state.version,
+    )
+    return FragmentRuntime(
+        fragment=fragment,
+        state=state,
+        lease=lease,
+        theta=np.ascontiguousarray(theta),
+        momentum=momentum,
+        ring=ring,
+        round=round_state,
+    )
