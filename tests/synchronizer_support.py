@@ -81,7 +81,7 @@ def beat(bus: Bus, cfg: DDQConfig, learner_id: str, *, step_time_s: float = 0.05
     """A learner heartbeat (expires after ``membership.dead_after_s``)."""
     hb = Heartbeat(
         run_id=cfg.run.run_id,
-        config_digest=cfg.digest,
+        config_digest=cfg.run_digest,
         role="learner",
         member_id=learner_id,
         state="training",
@@ -117,7 +117,7 @@ def contribute(
         encoded = encode(np.ascontiguousarray(delta, dtype=np.float32), cfg.wire.codec_spec())
     msg = Contribution(
         run_id=cfg.run.run_id,
-        config_digest=cfg.digest,
+        config_digest=cfg.run_digest,
         learner_id=learner_id,
         fragment_id=fragment_id,
         round_id=round_id,

@@ -7,6 +7,7 @@ from YAML and the environment is :mod:`dd_queue.config.loader`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any, Literal, Self
@@ -458,6 +459,24 @@ class DDQConfig(_Section):
         if self.control.token is not None:
             data["control"]["token"] = "***"
         return data
+
+    @property
+    def run_digest(self) -> str:
+        """sha256 (hex, 16 chars) of what every process of one run must agree on.
+
+        The run id, the model's shape and the fragment plan's inputs (P, H, schedule, embedding
+        patterns): contributions stamped with another run digest cannot be merged. Everything
+        else (Redis URL, devices, codecs, log levels, timeouts) may differ between machines.
+        """
+        sync = self.synchronizer
+        data = {
+            "run_id": self.run.run_id,
+            "model": dataclasses.asdict(self.model.spec()),
+            "plan": [sync.n_fragments, sync.sync_every_steps, sync.schedule],
+            "embedding_patterns": list(sync.embedding_patterns),
+        }
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @property
     def digest(self) -> str:

@@ -44,7 +44,7 @@ class Context:
         owner: This synchronizer's id: lease owner, consumer name and heartbeat member.
         injector: Faults armed against this synchronizer.
         kill: Effect of a ``kill`` fault at a named point (``hard_kill`` in a service).
-        digest: The config's digest (contributions must carry the same), derived once.
+        digest: The config's run digest (contributions must carry the same), derived once.
         limits: Decode limits of every message, derived once.
         policy: The quorum policy's knobs, derived once.
         membership: The liveness thresholds, derived once.
@@ -63,8 +63,9 @@ class Context:
     membership: MembershipParams = field(init=False)
 
     def __post_init__(self) -> None:
-        # Derived once: the config digest hashes the whole tree, far too slow per message.
-        object.__setattr__(self, "digest", self.cfg.digest)
+        # Derived once (hashing the tree per message is far too slow). The run digest covers
+        # only what all processes must agree on; Redis URLs, devices and codecs may differ.
+        object.__setattr__(self, "digest", self.cfg.run_digest)
         object.__setattr__(self, "limits", self.cfg.wire.message_limits())
         object.__setattr__(self, "policy", self.cfg.synchronizer.policy_params())
         object.__setattr__(self, "membership", self.cfg.membership.params())

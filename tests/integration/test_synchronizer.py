@@ -218,7 +218,9 @@ def test_export_then_reseed_a_new_run(bus, run_id, redis_server, tmp_path):
     pump_until(sync, lambda: sync.versions()[0] == 1, 5.0, "a merge")
     out = tmp_path / "model.safetensors"
     metadata = export_model(bus, cfg, out)
-    assert metadata["versions"] == '{"0": 1, "1": 0}' and metadata["config_digest"] == cfg.digest
+    assert (
+        metadata["versions"] == '{"0": 1, "1": 0}' and metadata["config_digest"] == cfg.run_digest
+    )
     source, read_back = load_export(out)
     assert read_back == metadata
     sync.close()

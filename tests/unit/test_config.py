@@ -251,3 +251,23 @@ def test_data_section_builds_loader_spec():
     cfg = validate_config({"data": {"max_bytes": 4096}})
     spec = cfg.data.spec(vocab_size=cfg.model.spec().vocab_size)
     assert (spec.source, spec.max_bytes, spec.vocab_size) == ("stdlib-text", 4096, 256)
+
+
+def test_run_digest_ignores_what_may_differ_between_machines():
+    base = DDQConfig()
+    local = validate_config(
+        {
+            "redis": {"url": "redis://10.0.0.5:6379/0"},
+            "learner": {"device": "cuda:1"},
+            "wire": {"codec": "int8"},
+            "run": {"log_level": "DEBUG"},
+        }
+    )
+    assert local.run_digest == base.run_digest
+    assert local.digest != base.digest
+    for change in (
+        {"synchronizer": {"n_fragments": 8}},
+        {"model": {"n_layers": 3}},
+        {"run": {"run_id": "other"}},
+    ):
+        assert validate_config(change).run_digest != base.run_digest

@@ -101,7 +101,7 @@ def test_start_creates_version_zero_of_every_fragment(bus, clock):
         assert (state.version, state.plan_digest, state.config_digest) == (
             0,
             plan.digest,
-            cfg.digest,
+            cfg.run_digest,
         )
         msg, theta = latest_global(bus, cfg, p)
         assert msg.version == 0
@@ -128,14 +128,14 @@ def test_restart_continues_exactly_where_the_commit_left(bus, clock):
     assert again.fragments[0].ring.versions == (0, 1, 2, 3)
 
 
-def test_other_config_digest_is_refused_unless_allowed(bus, clock):
+def test_other_run_digest_is_refused_unless_allowed(bus, clock):
     new_sync(bus, clock, make_config()).close()
-    changed = make_config(outer_lr=0.5)
+    changed = make_config(sync_every_steps=4)  # H is part of the run digest
     with pytest.raises(ConfigError, match="allow-config-change"):
         new_sync(bus, clock, changed, sid="sync-1")
     sync = new_sync(bus, clock, changed, sid="sync-1", allow_config_change=True)
     assert sync.owned == {0, 1}
-    assert sync.fragments[0].state.config_digest == changed.digest
+    assert sync.fragments[0].state.config_digest == changed.run_digest
 
 
 def test_other_model_plan_is_refused(bus, clock):
