@@ -1,0 +1,238 @@
+"""Joining a run: one live learner per id, and the initial global model.
+
+docs/protocol.md, "Run creation and joining": a learner registers by heartbeat; an id with a
+fresh heartbeat from another process (different host or pid) is refused. It then waits (at
+start only, with a visible message and a timeout) until every fragment has a ``down`` entry,
+loads the newest version of each, and checks it against its own fragment plan (element counts,
+and the plan and config digests the synchronizer committed in each fragment's ``state``).
+
+Two learners started at the same moment with the same id can both pass the first check;
+``confirm_owner`` re-reads the heartbeat after the wait, and the one whose beat was overwritten
+gives up. (A lease would close the race completely; heartbeats keep the key table unchanged.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dd_queue.bus import Bus
+from dd_queue.clock import Clock
+from dd_queue.core.fragments import FragmentPlan
+from dd_queue.errors import BusError, ConfigError, DDQError, ProtocolError
+from dd_queue.learner.exchange import Received, RoundBook
+from dd_queue.learner.pump import Pump
+from dd_queue.learner.receiver import Follower
+from dd_queue.messages import Heartbeat, MessageLimits
+from dd_queue.synchronizer.state import FragmentState
+
+log = logging.getLogger("dd_queue.learner")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Where this learner process runs (heartbeats carry it)."""
+
+    learner_id: str
+    host: str
+    pid: int
+
+
+def live_owner(
+    bus: Bus, identity: Identity, *, limits: MessageLimits
+) -> tuple[Heartbeat | None, float]:
+    """The heartbeat under ``identity.learner_id`` if another process sent it, and its age (s)."""
+    info = bus.heartbeats().get(identity.learner_id)
+    if info is None:
+        return None, 0.0
+    try:
+        beat = Heartbeat.from_bytes(info.payload, run_id=bus.keys.run_id, limits=limits)
+    except ProtocolError:
+        return None, info.age_s  # not a learner heartbeat we can read: treat as foreign
+    if (beat.host, beat.pid) == (identity.host, identity.pid):
+        return None, info.age_s
+    return beat, info.age_s
+
+
+def refuse_if_live(bus: Bus, identity: Identity, *, limits: MessageLimits, ttl_s: float) -> None:
+    """Raise if another live process holds this learner id.
+
+    Raises:
+        ConfigError: The id has a fresh heartbeat from another host or pid.
+    """
+    beat, age_s = live_owner(bus, identity, limits=limits)
+    if beat is not None:
+        raise ConfigError(
+            f"learner id {identity.learner_id!r} is live on {beat.host} pid {beat.pid} "
+            f"(heartbeat {age_s:.1f} s ago, state {beat.state!r}); pick another --learner-id, "
+            f"or stop that learner (a dead one's heartbeat expires {ttl_s:g} s after its last)"
+        )
+
+
+def confirm_owner(bus: Bus, identity: Identity, *, limits: MessageLimits) -> None:
+    """After registering: raise if another process overwrote this id's heartbeat since.
+
+    Raises:
+        ConfigError: Another process registered the same id at the same time.
+    """
+    beat, _ = live_owner(bus, identity, limits=limits)
+    if beat is not None:
+        raise ConfigError(
+            f"learner id {identity.learner_id!r} was taken at the same time by {beat.host} "
+            f"pid {beat.pid}; pick another --learner-id"
+        )
+
+
+def check_run_state(
+    bus: Bus, plan: FragmentPlan, *, config_digest: str, limits: MessageLimits
+) -> int:
+    """Compare this learner's plan and config digest with each fragment's committed state.
+
+    A fragment without ``state`` (a synchronizer that keeps none, such as a test stand-in) is
+    skipped; the element counts of the global fragments are checked on load regardless.
+
+    Returns:
+        How many fragment states were checked.
+
+    Raises:
+        ConfigError: Another fragment plan, or another config digest (the synchronizer would
+            dead-letter every contribution of this learner).
+    """
+    checked = 0
+    for p in range(plan.n_fragments):
+        raw = bus.get(bus.keys.state(p))
+        if raw is None:
+            continue
+        state = FragmentState.from_bytes(raw, run_id=bus.keys.run_id, limits=limits)
+        if state.plan_digest != plan.digest or state.n_fragments != plan.n_fragments:
+            raise ConfigError(
+                f"run {bus.keys.run_id!r} was planned as {state.n_fragments} fragments (plan "
+                f"{state.plan_digest[:12]}); this learner plans {plan.n_fragments} (plan "
+                f"{plan.digest[:12]}): use the run's model and synchronizer.n_fragments"
+            )
+        if state.config_digest != config_digest:
+            raise ConfigError(
+                f"run {bus.keys.run_id!r} runs digest {state.config_digest}, this learner "
+                f"{config_digest}: its contributions would be dead-lettered; start it with the "
+                "run's model and synchronizer settings (the run digest covers the run id, the "
+                "model shape, n_fragments, sync_every_steps, schedule, embedding patterns)"
+            )
+        checked += 1
+    return checked
+
+
+def register_and_wait(
+    pump: Pump,
+    *,
+    identity: Identity,
+    plan: FragmentPlan,
+    config_digest: str,
+    clock: Clock,
+    timeout_s: float,
+    rounds: RoundBook,
+) -> list[Received]:
+    """The whole join of rank 0: refuse a live id, wait for the global model, check it.
+
+    Returns:
+        The newest valid global of every fragment, by fragment id. The follower then reads
+        round openings and commands from now on (learner-paced: it first learns each
+        fragment's latest round into ``rounds``).
+    """
+    bus, follower, limits = pump.bus, pump.follower, pump.follower.limits
+    refuse_if_live(bus, identity, limits=limits, ttl_s=pump.settings.heartbeat_ttl_s)
+    try:
+        initial = wait_for_globals(
+            follower,
+            clock=clock,
+            timeout_s=timeout_s,
+            poll_s=pump.settings.heartbeat_interval_s,
+            beat=lambda: pump.beat_if_due(force=True),
+        )
+    except DDQError:
+        pump.deregister()  # the id was ours (checked above): free it at once
+        raise
+    confirm_owner(bus, identity, limits=limits)
+    check_run_state(bus, plan, config_digest=config_digest, limits=limits)
+    follower.start_at_latest([bus.keys.opened_rounds(), *follower.control])
+    if not pump.settings.request_rounds:
+        for opening in follower.scan_opens():
+            rounds.announce(opening.fragment_id, opening.round_id, request=False)
+    return initial
+
+
+def wait_for_globals(
+    follower: Follower,
+    *,
+    clock: Clock,
+    timeout_s: float,
+    poll_s: float,
+    beat: Callable[[], object],
+) -> list[Received]:
+    """Wait until every fragment has a valid global version; return the newest of each.
+
+    Args:
+        follower: Stream positions; on return each ``down`` position is the loaded entry.
+        clock: Time for the deadline and the polling sleeps.
+        timeout_s: Give up after this long.
+        poll_s: Seconds between checks (heartbeats are sent at the same pace).
+        beat: Sends a heartbeat (the learner shows up as ``joining`` while it waits).
+
+    Raises:
+        BusError: No complete global model after ``timeout_s``.
+        ConfigError: A global fragment does not fit this learner's fragment plan.
+    """
+    n = follower.plan.n_fragments
+    loaded: dict[int, Received] = {}
+    deadline = clock.now() + timeout_s
+    next_note = clock.now()
+    while True:
+        beat()
+        _load_missing(follower, loaded)
+        if len(loaded) == n:
+            return [loaded[p] for p in range(n)]
+        now = clock.now()
+        if now >= deadline:
+            raise BusError(
+                f"no complete global model after {timeout_s:g} s ({len(loaded)}/{n} fragments "
+                f"published): is the synchronizer of run {follower.run_id!r} running, with "
+                "the same model and n_fragments? (learner.join_timeout_s)"
+            )
+        if now >= next_note:
+            log.info(
+                "learner.waiting_for_globals %d/%d fragments published; waiting for the "
+                "synchronizer (%.0f s left)",
+                len(loaded),
+                n,
+                deadline - now,
+            )
+            next_note = now + 5.0
+        clock.sleep(poll_s)
+
+
+def _load_missing(follower: Follower, loaded: dict[int, Received]) -> None:
+    for p in range(follower.plan.n_fragments):
+        if p in loaded:
+            continue
+        stream = follower.down[p]
+        entry = follower.bus.read_latest(stream)
+        if entry is None:
+            continue
+        before = len(follower.rejections)
+        received = follower.newest_valid(p, [entry], -1)
+        if received is not None:
+            loaded[p] = received
+            follower.positions[stream] = entry.id
+        elif len(follower.rejections) > before and follower.rejections[-1].reason == "incompatible":
+            raise ConfigError(f"cannot join: {follower.rejections[-1].message}")
+
+
+__all__ = [
+    "Identity",
+    "check_run_state",
+    "confirm_owner",
+    "live_owner",
+    "refuse_if_live",
+    "register_and_wait",
+    "wait_for_globals",
+]

@@ -1,0 +1,184 @@
+"""The learner process: build, join, train on the main thread, pump on two background threads.
+
+    ddq learner --config config/demo.yaml --learner-id L0
+    python -m services.learner --config config/demo.yaml --learner-id L0
+    torchrun --nproc-per-node 2 -m services.learner --config config/demo.yaml --learner-id L0
+
+Threads: the main thread only steps (it never waits on the network); one thread runs
+``pump_receive`` (it blocks on round openings, up to ``learner.receive_block_ms``), one runs
+``pump_send`` (it blocks on the outbox), so a snapshot is published the moment it is taken.
+An unexpected error on a pump thread is fatal (logged; exit code 1).
+
+Shutdown in two stages: the first SIGTERM/SIGINT finishes the current step, flushes waiting
+contributions (``learner.leave_timeout_s``), saves the local checkpoint and removes the
+heartbeat; a second one exits at once. A ``kill`` fault exits at once with code 137.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from types import FrameType
+
+from dd_queue.bus import RedisBus
+from dd_queue.clock import SystemClock
+from dd_queue.config import DDQConfig
+from dd_queue.learner.build import build_learner, resolve_device
+from dd_queue.learner.dist import group_from_env
+from dd_queue.learner.learner import Learner
+from dd_queue.learner.pump import PumpReport
+from dd_queue.log import setup_logging
+
+log = logging.getLogger("dd_queue.learner")
+
+KILLED_EXIT_CODE = 137
+_PROGRESS_EVERY_S = 10.0
+
+
+class TwoStageStop:
+    """First signal: stop after the step and leave cleanly. Second: exit at once."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signals = 0
+
+    def install(self) -> TwoStageStop:
+        """Handle SIGTERM and SIGINT (call from the main thread)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            log.error("learner.exit_now second signal %d: exiting without flushing", signum)
+            os._exit(128 + signum)
+        log.warning(
+            "learner.stopping signal %d: finishing the step, then leaving "
+            "(send it again to exit at once)",
+            signum,
+        )
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        """Whether a first signal arrived."""
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, waking early on a signal."""
+        self._event.wait(seconds)
+
+
+class PumpThreads:
+    """The two background threads of a learner (rank 0 only)."""
+
+    def __init__(self, learner: Learner, *, receive_block_ms: int, send_block_ms: int = 200):
+        self.learner = learner
+        self.error: Exception | None = None
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=self._loop,
+                args=(learner.pump_receive, receive_block_ms),
+                name="ddq-receive",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._loop,
+                args=(learner.pump_send, send_block_ms),
+                name="ddq-send",
+                daemon=True,
+            ),
+        ]
+
+    def _loop(self, pump: Callable[..., PumpReport], block_ms: int) -> None:
+        try:
+            while not self._stop.is_set():
+                pump(block_ms=block_ms)
+        except Exception as exc:  # fatal: the training loop checks `error`
+            log.exception("learner.pump_failed %s", threading.current_thread().name)
+            self.error = exc
+
+    def __enter__(self) -> PumpThreads:
+        if self.learner.is_rank0:
+            for thread in self._threads:
+                thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.learner.outbox.wake()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=30.0)
+
+
+def train(learner: Learner, stop: TwoStageStop, threads: PumpThreads) -> int:
+    """Step until done, stopped or killed; returns the exit code."""
+    next_note = learner.clock.now() + _PROGRESS_EVERY_S
+    while True:
+        if threads.error is not None:
+            return 1
+        report = learner.step()
+        if report.action == "killed":
+            log.error("learner.killed by a fault: exiting at once")
+            logging.shutdown()
+            os._exit(KILLED_EXIT_CODE)
+        if report.stop:
+            return 0
+        if stop.requested:
+            learner.request_stop()
+        if report.wait_s > 0:
+            stop.wait(report.wait_s)
+        if learner.clock.now() >= next_note and report.loss_t is not None:
+            next_note = learner.clock.now() + _PROGRESS_EVERY_S
+            log.info(
+                "learner.progress step %d loss %.4f lr %.2e tokens %d versions %s",
+                report.step,
+                report.loss,
+                report.lr,
+                learner.n_tokens,
+                learner.versions,
+            )
+
+
+def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
+    """Run one learner process (or one torchrun rank of it) to the end; returns the exit code."""
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(cfg.learner.device, local_rank=local_rank)
+    group = group_from_env(environ, device=device)
+    rank = f" rank {group.rank}" if group.world_size > 1 else ""
+    setup_logging(f"learner {learner_id}{rank}", level=cfg.run.log_level, fmt=cfg.run.log_format)
+    log.info(
+        "learner.config digest %s run digest %s device %s",
+        cfg.digest,
+        cfg.run_digest,
+        device,
+        extra={"ddq": {"config": cfg.public_dict()}},
+    )
+    bus = (
+        RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
+        if group.rank == 0
+        else None
+    )
+    stop = TwoStageStop().install()
+    try:
+        learner = build_learner(
+            cfg, learner_id, group=group, bus=bus, clock=SystemClock(), device=device
+        )
+        learner.join()
+        with PumpThreads(learner, receive_block_ms=cfg.learner.receive_block_ms) as threads:
+            code = train(learner, stop, threads)
+        learner.leave()
+        return code
+    finally:
+        if bus is not None:
+            bus.close()
+        group.close()
+
+
+__all__ = ["KILLED_EXIT_CODE", "PumpThreads", "TwoStageStop", "run", "train"]
