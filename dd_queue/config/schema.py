@@ -390,10 +390,18 @@ class ControlConfig(_Section):
 
     host: str = Field("127.0.0.1", description="Bind address; loopback unless told otherwise.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
-    token: SecretStr | None = Field(
-        None, description="Bearer token for writes (faults, operator actions); null = no writes."
+    admin_token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="Bearer token of the mutating routes (faults, chaos); null = generate one "
+        "at start (logged once) and keep writes off unless enable_writes.",
     )
-    refresh_s: float = Field(1.0, gt=0, description="Dashboard refresh period.")
+    enable_writes: bool = Field(
+        False, description="With no admin_token: allow writes with the generated token."
+    )
+    refresh_s: float = Field(
+        1.0, gt=0, le=60, description="Seconds between refreshes (dashboard, SSE, chaos ticks)."
+    )
 
 
 FaultKind = Literal["stall", "slow", "drop", "delay", "corrupt", "disconnect", "kill"]
@@ -456,8 +464,8 @@ class DDQConfig(_Section):
     def public_dict(self) -> dict[str, Any]:
         """The resolved config as plain JSON-able data, secrets redacted."""
         data = self.model_dump(mode="json")
-        if self.control.token is not None:
-            data["control"]["token"] = "***"
+        if self.control.admin_token is not None:
+            data["control"]["admin_token"] = "***"
         return data
 
     @property
@@ -482,6 +490,6 @@ class DDQConfig(_Section):
     def digest(self) -> str:
         """Stable sha256 (hex, 16 chars) of the resolved config without secrets."""
         data = self.model_dump(mode="json")
-        data["control"].pop("token", None)
+        data["control"].pop("admin_token", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

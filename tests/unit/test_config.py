@@ -136,9 +136,10 @@ def test_env_overrides_parse_yaml_scalars():
 
 
 def test_env_override_keeps_text_fields_text():
-    cfg = load_config(CONFIG_DIR / "base.yaml", {"DDQ__CONTROL__TOKEN": "12345"})
-    assert cfg.control.token is not None
-    assert cfg.control.token.get_secret_value() == "12345"
+    digits = "1234567890123456"
+    cfg = load_config(CONFIG_DIR / "base.yaml", {"DDQ__CONTROL__ADMIN_TOKEN": digits})
+    assert cfg.control.admin_token is not None
+    assert cfg.control.admin_token.get_secret_value() == digits
 
 
 @pytest.mark.parametrize(
@@ -162,7 +163,7 @@ def test_env_override_value_is_validated():
 
 def test_digest_is_stable_and_ignores_secrets():
     a = DDQConfig()
-    b = validate_config({"control": {"token": "secret"}})
+    b = validate_config({"control": {"admin_token": "secret-secret-secret"}})
     c = validate_config({"synchronizer": {"outer_lr": 0.5}})
     assert a.digest == DDQConfig().digest == b.digest
     assert a.digest != c.digest

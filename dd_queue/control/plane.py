@@ -1,0 +1,155 @@
+"""The control plane's model of the run: refreshed from Redis, plus fault and chaos actions.
+
+One :class:`ControlPlane` per app (built by ``create_app``, held in ``app.state``; no module
+globals). ``refresh`` reads heartbeats, the new round records, dead letters and events, and
+every fragment's ``state``; it samples the goodput ledger and advances the fault watches. It is
+incremental and guarded by one lock, so routes, the SSE stream and the background ticker can
+all call it. The only writes are fault commands (``ops.send_command``) and the events that
+record them (``fault.injected``, ``fault.observed``, ``chaos.started``, ``chaos.stopped``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from dd_queue.bus import Bus, ops
+from dd_queue.clock import Clock
+from dd_queue.config import DDQConfig
+from dd_queue.control.actions import Actions
+from dd_queue.control.faultbook import FaultBook
+from dd_queue.control.ledger import GoodputLedger, interval_kind
+from dd_queue.control.members import Members
+from dd_queue.control.observe import Target, Watch
+from dd_queue.control.tails import RunLog, Tally
+from dd_queue.core.goodput import GoodputSummary
+from dd_queue.errors import DDQError
+from dd_queue.messages import Event, RoundRecord, Scalar
+from dd_queue.synchronizer.state import FragmentState
+
+__all__ = ["ControlPlane"]
+
+log = logging.getLogger("dd_queue.control")
+
+
+class ControlPlane:
+    """What the routes read and the actions they take.
+
+    Args:
+        cfg: The run's config.
+        bus: The run's bus.
+        clock: Monotonic seconds (ages, goodput, schedules).
+        wall: Wall-clock seconds since the epoch (records).
+        seed: Seed of the random choices (``random`` targets, unseeded chaos).
+    """
+
+    def __init__(
+        self,
+        cfg: DDQConfig,
+        bus: Bus,
+        clock: Clock,
+        *,
+        wall: Callable[[], float] = time.time,
+        seed: int | None = None,
+    ) -> None:
+        self.cfg, self.bus, self.clock, self.wall = cfg, bus, clock, wall
+        self.limits = cfg.wire.message_limits()
+        self.lock = threading.RLock()
+        self.rng = random.Random(seed)
+        self.members = Members(cfg.run.run_id, cfg.membership.params(), self.limits)
+        self.log = RunLog(bus, cfg.synchronizer.n_fragments, self.limits)
+        self.book = FaultBook()
+        self.started_s, self.started_at_s = clock.now(), wall()
+        self.ledger = GoodputLedger(self.started_s)
+        self.goodput: GoodputSummary = self.ledger.summary(self.started_s)
+        self.states: dict[int, FragmentState] = {}
+        self.watches: dict[str, Watch] = {}
+        self.refreshed_s = float("-inf")
+        self.generation = 0
+        self.actions = Actions(self)
+
+    # ── refresh ───────────────────────────────────────────────────────────────────────────
+    def refresh(self, max_age_s: float = 0.0) -> None:
+        """Re-read Redis unless the last refresh is younger than ``max_age_s``.
+
+        Raises:
+            BusError: Redis failed (the routes answer 503).
+        """
+        with self.lock:
+            now = self.clock.now()
+            if now - self.refreshed_s >= max_age_s:
+                self._refresh(now)
+
+    def tick(self) -> None:
+        """One background step: refresh, then fire the chaos faults that are due."""
+        with self.lock:
+            self._refresh(self.clock.now())
+            self.actions.fire_due(self.clock.now())
+
+    def _refresh(self, now: float) -> None:
+        self.members.update(now, self.bus.heartbeats())
+        rounds = self.poll_log()
+        self.states = self._read_states()
+        kinds = {
+            obs.learner_id: interval_kind(obs.state, obs.beat.state)
+            for obs in self.members.learners
+        }
+        self.ledger.sample(now, kinds)
+        self.goodput = self.ledger.record(now, self.wall())
+        self._observe(now, rounds)
+        self.refreshed_s = now
+        self.generation += 1
+
+    def poll_log(self) -> list[RoundRecord]:
+        """Read new records and events; fold the events into the fault book and chaos store.
+        Returns the round records closed since the last poll."""
+        rounds, events = self.log.poll()
+        for _, event in events:
+            self.book.apply(event)
+            self.actions.apply(event)
+        return rounds
+
+    def _read_states(self) -> dict[int, FragmentState]:
+        states: dict[int, FragmentState] = {}
+        for p in range(self.cfg.synchronizer.n_fragments):
+            raw = self.bus.get(self.bus.keys.state(p))
+            if raw is None:
+                continue
+            try:
+                states[p] = FragmentState.from_bytes(
+                    raw, run_id=self.cfg.run.run_id, limits=self.limits
+                )
+            except DDQError as exc:
+                log.warning("control.bad_state fragment %d: %s", p, exc)
+        return states
+
+    # ── fault watches ─────────────────────────────────────────────────────────────────────
+    def target_now(self, target_id: str) -> Target:
+        """The observation of a fault target at this refresh."""
+        if target_id == "synchronizer":
+            fresh_s = self.cfg.membership.stalled_after_s
+            return Target.of_synchronizers(self.members.synchronizers, fresh_s)
+        tally = self.log.tallies.get(target_id, Tally())
+        return Target.of_learner(self.members.learner(target_id), tally)
+
+    def _observe(self, now: float, rounds: list[RoundRecord]) -> None:
+        for fault_id, watch in list(self.watches.items()):
+            notes = watch.observe(now, self.target_now(watch.target_id), rounds)
+            for i, note in enumerate(notes):
+                final = watch.closed and i == len(notes) - 1
+                self.emit(
+                    "fault.observed", note, fault=fault_id, final=final, effective=watch.effective
+                )
+            if watch.closed:
+                del self.watches[fault_id]
+
+    def emit(self, kind: str, message: str, /, **fields: Scalar) -> str:
+        """Append an event to the run's event stream; returns its id."""
+        event = Event(
+            run_id=self.cfg.run.run_id, kind=kind, message=message, fields=fields, at_s=self.wall()
+        )
+        log.info("%s %s", kind, message)
+        return ops.emit_event(self.bus, event.to_fields(), maxlen=self.cfg.redis.stream_maxlen)

@@ -1,0 +1,34 @@
+"""``GET /api/state`` (the run as a whole) and ``GET /api/rounds`` (recent round records)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from dd_queue.control.deps import PlaneDep
+from dd_queue.control.schemas import RoundView, StateView
+from dd_queue.control.views import round_view, state_view
+
+router = APIRouter(prefix="/api", tags=["run"])
+
+
+@router.get("/state", summary="Fragments, totals, quorum and grace figures, eval, goodput")
+def get_state(plane: PlaneDep, request: Request) -> StateView:
+    """The run's state as the control plane last read it from Redis."""
+    with plane.lock:
+        return state_view(plane, writes_enabled=request.app.state.gate.writes_enabled)
+
+
+@router.get("/rounds", summary="Recent round records, newest first")
+def list_rounds(
+    plane: PlaneDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="How many (newest first).")] = 50,
+    fragment_id: Annotated[int | None, Query(ge=0, description="Only this fragment.")] = None,
+) -> list[RoundView]:
+    """Round records (merged and abandoned) with contributors, outcomes, timings, bytes."""
+    with plane.lock:
+        records = plane.log.newest_rounds(len(plane.log.rounds))
+        if fragment_id is not None:
+            records = [r for r in records if r.fragment_id == fragment_id]
+        return [round_view(plane, r) for r in records[:limit]]

@@ -1,0 +1,58 @@
+"""The control plane process: the app on uvicorn, bound to ``control.host:control.port``.
+
+    ddq control --config config/demo.yaml
+    python -m services.control_plane --config config/demo.yaml
+
+Binds 127.0.0.1 unless ``control.host`` says otherwise. With no ``control.admin_token`` the
+token is generated and logged once (WARNING) and writes stay off unless
+``control.enable_writes``. SIGTERM/SIGINT stop it (open SSE streams get 5 s to end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import uvicorn
+
+from dd_queue.bus import RedisBus
+from dd_queue.clock import SystemClock
+from dd_queue.config import DDQConfig
+from dd_queue.control.app import create_app
+from dd_queue.log import setup_logging
+
+__all__ = ["serve"]
+
+log = logging.getLogger("dd_queue.control")
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+_UNAVAILABLE_AFTER_S = 2.0
+"""The control plane gives up on Redis sooner than workers do: it answers 503 instead."""
+
+
+def serve(cfg: DDQConfig) -> int:
+    """Serve the control plane until a signal; returns the exit code."""
+    setup_logging("control", level=cfg.run.log_level, fmt=cfg.run.log_format)
+    log.info("control.config digest %s", cfg.digest, extra={"ddq": {"config": cfg.public_dict()}})
+    limit_s = min(cfg.redis.unavailable_after_s, _UNAVAILABLE_AFTER_S)
+    options = dataclasses.replace(cfg.redis.options(), unavailable_after_s=limit_s)
+    bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=options)
+    if cfg.control.host not in _LOOPBACK:
+        log.warning(
+            "control.exposed bound to %s: read-only routes answer anyone who can reach it "
+            "(mutating ones still need the token); prefer 127.0.0.1 behind a proxy",
+            cfg.control.host,
+        )
+    try:
+        app = create_app(cfg, bus, SystemClock())
+        log.info("control.listening http://%s:%d/", cfg.control.host, cfg.control.port)
+        uvicorn.run(
+            app,
+            host=cfg.control.host,
+            port=cfg.control.port,
+            log_config=None,
+            access_log=cfg.run.log_level == "DEBUG",
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        bus.close()
+    return 0
