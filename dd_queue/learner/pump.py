@@ -23,14 +23,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dd_queue.bus import Bus
+from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.errors import BusError, NonFiniteValues
 from dd_queue.faults import Fault, FaultInjector
 from dd_queue.learner import publisher
 from dd_queue.learner.exchange import Inbox, Outbox, RoundBook, Snapshot
 from dd_queue.learner.receiver import Follower
-from dd_queue.messages import FaultCommand, Heartbeat
+from dd_queue.messages import Event, FaultCommand, Heartbeat
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -262,6 +262,16 @@ class Pump:
             cmd.duration_s,
             extra={"ddq": {"params": cmd.params}},
         )
+        # Acknowledge on the run's event stream: the control plane's fault record turns "sent"
+        # into "armed" (the synchronizer does the same in members.py).
+        event = Event(
+            run_id=self.publish.run_id,
+            kind="fault.armed",
+            message=f"{cmd.kind} armed on {self.publish.learner_id}",
+            fields={"fault": cmd.fault_id, "member": self.publish.learner_id},
+            at_s=self.bus.server_time_s(),
+        )
+        ops.emit_event(self.bus, event.to_fields())
         return 1
 
     def _fault_end(self, fault: Fault) -> float:

@@ -21,7 +21,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.errors import BusError, ConfigError, CorruptPayload
 from dd_queue.keys import blob_chunk_key
 from dd_queue.learner import Identity, Learner
-from dd_queue.messages import FaultCommand, Heartbeat
+from dd_queue.messages import Event, FaultCommand, Heartbeat
 from tests.unit.test_learner_standin import (
     LIMITS,
     StandIn,
@@ -344,6 +344,12 @@ def test_fault_commands_arrive_through_the_control_stream():
     assert rig.learner.pump().commands == 1
     assert [f.fault_id for f in rig.learner.injector.active()] == ["f9"]
     assert rig.learner.step().wait_s >= 0.0
+    events = [
+        Event.from_fields(e.fields, run_id="tl", limits=LIMITS)
+        for e in rig.bus.read(rig.bus.keys.events())
+    ]
+    armed = [e.fields for e in events if e.kind == "fault.armed"]
+    assert armed == [{"fault": "f9", "member": "L0"}]  # acknowledged once, only its own
 
 
 def test_heartbeat_reports_progress_and_leave_removes_it():
