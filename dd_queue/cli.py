@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.learner.cli",
     "dd_queue.sim.cli",
     "dd_queue.synchronizer.cli",
+    "dd_queue.up.cli",
 )
 """Modules that add subcommands (``register(subparsers)``), e.g. ``dd_queue.learner.cli``."""
 

@@ -1,0 +1,255 @@
+"""The ``ddq up`` orchestration: run dir, Redis, services, progress, two-stage stop, summary.
+
+Children run in their own sessions, so a Ctrl-C in the terminal reaches only ``ddq up``, which
+then stops them in order: first signal → SIGTERM every service (each finishes its step and
+flushes) and wait; second signal (or a 30 s deadline) → SIGKILL. Redis stops last (SIGTERM
+flushes the AOF), so the run directory can be resumed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+from dd_queue.bus import RedisBus
+from dd_queue.config import DDQConfig
+from dd_queue.up.procs import Children, RedisServer, child_env, free_port
+from dd_queue.up.progress import RunWatch
+from dd_queue.up.summary import Summary
+
+__all__ = ["UpOptions", "run_up"]
+
+log = logging.getLogger("dd_queue.up")
+STOP_TIMEOUT_S = 30.0
+CHAOS_RATES_PER_MIN = {"stall": 1.0, "slow": 1.0, "drop": 0.5, "kill": 0.5}
+"""The default chaos schedule of ``--chaos`` (mean faults per minute of each kind)."""
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """What ``ddq up`` was asked for.
+
+    Attributes:
+        config: The YAML config path.
+        learners: Learner processes to start (ids ``L0``, ``L1``, ...).
+        duration_s: Stop after this long; 0 = until Ctrl-C.
+        chaos: Start the default chaos schedule once the control plane is ready.
+        port: Control plane port (0 = ``control.port`` if free, else a free one).
+        runs_dir: Parent of the run directory.
+        progress_s: Seconds between progress lines.
+    """
+
+    config: Path
+    learners: int = 3
+    duration_s: float = 0.0
+    chaos: bool = False
+    port: int = 0
+    runs_dir: Path = Path("runs")
+    progress_s: float = 5.0
+
+
+class _Signals:
+    """Counts SIGINT/SIGTERM; the first one sets ``stop``."""
+
+    def __init__(self) -> None:
+        self.count, self.stop = 0, threading.Event()
+
+    def install(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        self.stop.set()
+
+
+def make_run_dir(runs_dir: Path, run_id: str, now: datetime | None = None) -> Path:
+    """A new ``<runs_dir>/<run_id>-<UTC timestamp>/`` (a suffix makes it unique)."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    base = runs_dir / f"{run_id}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path.resolve()
+
+
+def pick_port(requested: int, configured: int) -> int:
+    """``requested`` if given, else ``configured`` when it is free, else a free port."""
+    if requested:
+        return requested
+    try:
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", configured))
+        return configured
+    except OSError:
+        return free_port()
+
+
+def _gpu_count() -> int:
+    if "CUDA_VISIBLE_DEVICES" in os.environ or shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _command(name: str, config: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "dd_queue.cli", name, "--config", str(config), *extra]
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class _Up:
+    """One ``ddq up`` run (see :func:`run_up`)."""
+
+    def __init__(self, cfg: DDQConfig, opts: UpOptions, redis: RedisServer, env: dict[str, str]):
+        self.cfg, self.opts, self.redis = cfg, opts, redis
+        self.config = opts.config.resolve()
+        self.token = env["DDQ__CONTROL__ADMIN_TOKEN"]
+        self.port = int(env["DDQ__CONTROL__PORT"])
+        self.children = Children(redis.dir, env, Path.cwd())
+        ids = [f"L{i}" for i in range(opts.learners)]
+        self.summary = Summary(cfg.run.run_id, str(redis.dir), learners=ids)
+        self.bus = RedisBus(redis.url, cfg.run.run_id, options=cfg.redis.options())
+        self.watch = RunWatch(cfg, self.bus, self.summary)
+        self.evaluator_started = False
+        self.chaos_pending = opts.chaos
+
+    def start(self) -> None:
+        self.children.start("synchronizer", _command("synchronizer", self.config), restart=True)
+        gpus = _gpu_count()
+        for i, lid in enumerate(self.summary.learners):
+            argv = _command("learner", self.config, "--learner-id", lid)
+            if gpus:
+                argv = ["env", f"CUDA_VISIBLE_DEVICES={i % gpus}", *argv]
+            self.children.start(lid, argv, restart=True)
+        self.children.start("control", _command("control", self.config))
+        url = f"http://127.0.0.1:{self.port}/"
+        _out(f"ddq up: run {self.cfg.run.run_id} in {self.redis.dir} (logs: <name>.log there)")
+        _out(f"ddq up: redis {self.redis.url} (AOF on); {len(self.summary.learners)} learners")
+        _out(f"ddq up: dashboard {url}  admin token {self.token}")
+        _out(
+            "ddq up: e.g. curl -X POST -H 'Authorization: Bearer "
+            f"{self.token}' -H 'Content-Type: application/json' "
+            f'-d \'{{"target": "L1", "kind": "stall", "duration_s": 10}}\' {url}api/faults'
+        )
+
+    def tick(self, started: float) -> None:
+        """Supervise, start late parts, poll the run."""
+        for note in self.children.supervise():
+            _out(f"ddq up: {note}")
+            if "stays down" in note:
+                self.summary.notes.append(note)
+        if not self.evaluator_started and self.bus.get(self.bus.keys.state(0)) is not None:
+            self.children.start("evaluator", _command("evaluator", self.config), restart=True)
+            self.evaluator_started = True
+        if self.chaos_pending and self._ready():
+            self.chaos_pending = False
+            _out(f"ddq up: chaos {self._start_chaos()}")
+        self.summary.wall_s = time.monotonic() - started
+        self.watch.poll(time.time())
+
+    def _http(self, path: str, body: dict[str, object] | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return int(answer.status), answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode(errors="replace")
+        except (OSError, urllib.error.URLError) as exc:
+            return 0, str(exc)
+
+    def _ready(self) -> bool:
+        return self._http("/readyz")[0] == 200
+
+    def _start_chaos(self) -> str:
+        duration_s = self.opts.duration_s or 3600.0
+        body = {"action": "start", "duration_s": duration_s, "rates_per_min": CHAOS_RATES_PER_MIN}
+        code, text = self._http("/api/chaos", body)
+        return f"started {CHAOS_RATES_PER_MIN}" if code in (200, 201) else f"failed {code}: {text}"
+
+    def stop(self, signals: _Signals) -> None:
+        """Two-stage stop of the services (second signal or deadline: SIGKILL), Redis last."""
+        _out("ddq up: stopping (Ctrl-C again to kill at once)")
+        self.children.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        first = signals.count
+        while not self.children.wait(0.5):
+            if signals.count > max(first, 1) or time.monotonic() > deadline:
+                _out("ddq up: killing what is left")
+                self.children.kill()
+                break
+        try:
+            self.watch.poll(time.time())
+        except Exception as exc:  # the summary still prints what was seen
+            log.warning("up.final_poll failed: %s", exc)
+        self.summary.restarts = self.children.restarts()
+        self.bus.close()
+
+
+def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, str]) -> Summary:
+    """Start everything, watch until the duration or a signal, stop, and return the summary.
+
+    Args:
+        cfg: The config as the children will see it (``environ`` overrides applied).
+        opts: The command's options.
+        binary: The redis-server path.
+        environ: Base environment of the children.
+    """
+    signals = _Signals().install()
+    run_dir = make_run_dir(opts.runs_dir, cfg.run.run_id)
+    redis = RedisServer(binary, run_dir).start()
+    env = child_env(
+        environ,
+        {
+            "DDQ__REDIS__URL": redis.url,
+            "DDQ__CONTROL__PORT": str(pick_port(opts.port, cfg.control.port)),
+            "DDQ__CONTROL__ADMIN_TOKEN": environ.get("DDQ__CONTROL__ADMIN_TOKEN")
+            or secrets.token_urlsafe(24),
+        },
+    )
+    up = _Up(cfg, opts, redis, env)
+    started, next_line = time.monotonic(), 0.0
+    try:
+        up.start()
+        while not signals.stop.is_set():
+            up.tick(started)
+            if up.summary.wall_s >= next_line:
+                next_line = up.summary.wall_s + opts.progress_s
+                _out(up.watch.line())
+            if opts.duration_s and up.summary.wall_s >= opts.duration_s:
+                break
+            signals.stop.wait(0.5)
+        up.summary.stopped_by = "signal" if signals.stop.is_set() else "duration"
+    finally:
+        up.stop(signals)
+        redis.stop()
+    return up.summary

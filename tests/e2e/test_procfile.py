@@ -1,0 +1,62 @@
+"""The Procfile and compose.yaml: valid for their tools, and starting the same services."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("synchronizer", "evaluator", "learner0", "learner1", "learner2", "control")
+
+
+def _procfile() -> dict[str, str]:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    pairs = (line.split(":", 1) for line in lines if line and not line.startswith("#"))
+    return {name.strip(): command.strip() for name, command in pairs}
+
+
+def test_honcho_check_passes() -> None:
+    honcho = shutil.which("honcho") or str(Path(sys.executable).parent / "honcho")
+    if not Path(honcho).exists():
+        pytest.skip("honcho is not installed (pip install -e '.[dev]')")
+    done = subprocess.run([honcho, "check"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "Valid procfile" in done.stderr + done.stdout
+
+
+def test_procfile_runs_redis_with_aof_and_every_service() -> None:
+    procs = _procfile()
+    assert set(procs) == {"redis", *SERVICES}
+    assert "--appendonly yes" in procs["redis"] and "noeviction" in procs["redis"]
+    for i in range(3):
+        assert "services.learner --config" in procs[f"learner{i}"]
+        assert procs[f"learner{i}"].endswith(f"--learner-id L{i}")
+    assert "services.synchronizer" in procs["synchronizer"]
+    assert "services.control_plane" in procs["control"]
+
+
+def test_compose_has_healthy_redis_and_the_same_services() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"redis", *SERVICES}
+    assert "--appendonly yes" in services["redis"]["command"]
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    for name in SERVICES:
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_docker_compose_config_passes() -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed (apt-get install -y docker-compose)")
+    done = subprocess.run(
+        ["docker-compose", "-f", "compose.yaml", "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
