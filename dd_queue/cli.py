@@ -29,6 +29,7 @@ from dd_queue.errors import DDQError
 COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.control.cli",
     "dd_queue.learner.cli",
+    "dd_queue.runner.cli",
     "dd_queue.sim.cli",
     "dd_queue.synchronizer.cli",
     "dd_queue.up.cli",
