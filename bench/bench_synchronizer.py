@@ -98,7 +98,7 @@ class Learners(threading.Thread):
         for m, encoded in enumerate(self.payloads):
             msg = Contribution(
                 run_id="bench",
-                config_digest=self.cfg.digest,
+                config_digest=self.cfg.run_digest,
                 learner_id=f"L{m}",
                 fragment_id=fragment,
                 round_id=round_id,

@@ -43,7 +43,13 @@ import zstandard
 from dd_queue.core import quantize
 from dd_queue.core.quantize import U8, check_finite
 from dd_queue.core.quantize import Float32Array as Float32Array  # re-exported
-from dd_queue.errors import CoreError, CorruptPayload, IncompatibleMessage, PayloadTooLarge
+from dd_queue.errors import (
+    CoreError,
+    CorruptPayload,
+    IncompatibleMessage,
+    NonFiniteValues,
+    PayloadTooLarge,
+)
 
 __all__ = [
     "CODEC_NAMES",
@@ -55,6 +61,7 @@ __all__ = [
     "check_header",
     "decode",
     "encode",
+    "encode_fp32_view",
     "raw_nbytes_for",
 ]
 
@@ -220,6 +227,33 @@ def encode(x: Float32Array, spec: CodecSpec) -> EncodedTensor:
         compressed = zstandard.ZstdCompressor(level=spec.zstd_level).compress(raw.data)
         return EncodedTensor(header, memoryview(compressed))
     return EncodedTensor(header, raw.data)
+
+
+def encode_fp32_view(x: Float32Array) -> EncodedTensor:
+    """``encode(x, CodecSpec("fp32"))`` without the copy: the payload is a read-only view of
+    ``x``'s bytes. Same header, checksum and checks; the caller must not change ``x`` while
+    the payload is in use (e.g. until the blob holding it is written).
+
+    Raises:
+        CoreError: ``x`` is not a C-contiguous float32 numpy array.
+        NonFiniteValues: ``x`` holds NaN or Inf.
+    """
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise CoreError("encode_fp32_view needs a C-contiguous float32 numpy array")
+    flat = x.reshape(-1)
+    if not np.isfinite(quantize.absmax(flat)):
+        raise NonFiniteValues("input holds NaN or Inf; it must not be sent (never merged)")
+    raw = flat.view(np.uint8)
+    header = TensorHeader(
+        codec="fp32",
+        n_elements=flat.size,
+        block_size=0,
+        zstd=False,
+        shuffle=False,
+        raw_nbytes=raw.nbytes,
+        checksum=_checksum(raw, "fp32", flat.size, 0, False),
+    )
+    return EncodedTensor(header, raw.data.toreadonly())
 
 
 def _checksum(raw: U8, codec: str, n_elements: int, block_size: int, shuffle: bool) -> int:

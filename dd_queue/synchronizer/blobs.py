@@ -19,42 +19,35 @@ import numpy as np
 
 from dd_queue.bus import BlobRef, Bus, Lease
 from dd_queue.core.anchor import VersionRing
-from dd_queue.core.codec import CodecSpec, TensorHeader, decode, encode
+from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
 from dd_queue.core.merge import F32
 from dd_queue.core.outer import NesterovState, state_from_bytes, state_to_bytes
 from dd_queue.errors import CorruptPayload
-from dd_queue.keys import blob_chunk_key
 from dd_queue.messages import MessageLimits
 from dd_queue.synchronizer.state import FragmentState, VersionRef
 from dd_queue.wire import blob_parts, unpack_blob
 
 __all__ = ["delete_keys_of", "load_momentum", "load_ring", "stage_momentum", "stage_theta"]
 
-_FP32 = CodecSpec("fp32")
-
-
-def _put(bus: Bus, key: str, parts: Sequence[bytes | memoryview]) -> BlobRef:
-    """Store ``parts`` back to back as a blob without expiry, in ≤ ``blob_chunk_bytes`` chunks."""
-    data = b"".join(parts)
-    step = bus.blob_chunk_bytes
-    pieces = [data[i : i + step] for i in range(0, len(data), step)] or [b""]
-    for index, piece in enumerate(pieces):
-        bus.set(blob_chunk_key(key, index), piece)
-    return BlobRef(key, len(pieces), len(data))
-
 
 def stage_theta(
     bus: Bus, lease: Lease, *, fragment_id: int, version: int, theta: F32
 ) -> tuple[VersionRef, TensorHeader]:
-    """Write Θ_p(``version``) (exact fp32) under the lease's fencing token.
+    """Write Θ_p(``version``) (exact fp32) under the lease's fencing token, without expiry.
+
+    Zero-copy: the blob's payload is ``theta``'s own memory, handed to the socket as it is
+    (``put_blob`` splits it into chunk views); ``theta`` must not change during the call.
 
     Returns:
         The ring entry to commit and the tensor header for the ``GlobalFragment`` notification.
+
+    Raises:
+        LeaseLost: The key already holds another payload (another incarnation's staging).
     """
     key = bus.keys.global_blob(fragment_id, version, lease.token)
-    encoded = encode(theta, _FP32)
+    encoded = encode_fp32_view(theta)
     parts = blob_parts(run_id=bus.keys.run_id, blob_key=key, encoded=encoded)
-    ref = _put(bus, key, parts)
+    ref = bus.put_blob(key, parts, ttl_s=None)
     blob = ref.to_bytes().decode()
     return VersionRef(version=version, blob=blob, tensor=encoded.header), encoded.header
 
@@ -62,9 +55,14 @@ def stage_theta(
 def stage_momentum(
     bus: Bus, lease: Lease, *, fragment_id: int, version: int, state: NesterovState
 ) -> BlobRef:
-    """Write the outer momentum after ``version`` under the lease's fencing token."""
+    """Write the outer momentum after ``version`` under the lease's fencing token, without
+    expiry.
+
+    Raises:
+        LeaseLost: The key already holds another payload (another incarnation's staging).
+    """
     key = bus.keys.momentum_blob(fragment_id, version, lease.token)
-    return _put(bus, key, [state_to_bytes(state)])
+    return bus.put_blob(key, state_to_bytes(state), ttl_s=None)
 
 
 def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -> F32:

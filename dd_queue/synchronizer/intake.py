@@ -30,9 +30,10 @@ from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, EntryOutcome, EntryOutcomeKind
 from dd_queue.synchronizer.context import Context
+from dd_queue.synchronizer.prefetch import Read
 from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
 
-__all__ = ["admit_entries", "dead_letter", "settle"]
+__all__ = ["admit_entries", "dead_letter", "settle", "to_read"]
 
 log = logging.getLogger("dd_queue.synchronizer")
 
@@ -41,9 +42,12 @@ Rejected = tuple[Entry, str]
 
 
 def admit_entries(
-    ctx: Context, rt: FragmentRuntime, entries: Iterable[Entry], now: float
+    ctx: Context, rt: FragmentRuntime, entries: Iterable[Entry], now: float, read: Read
 ) -> list[Rejected]:
     """Offer entries of the fragment's ``up`` stream to its round.
+
+    ``read`` reads an entry (``ops.read_contribution``, perhaps fetched ahead by a
+    ``Prefetcher``); it is asked for every entry that gets to step 3, in order.
 
     Returns:
         The entries to dead-letter, with their reasons (``dead_letter`` moves them).
@@ -53,19 +57,24 @@ def admit_entries(
         if entry.id in rt.known:
             continue  # redelivered (reclaimed from ourselves): already held or settled
         rt.known.add(entry.id)
-        reason = _offer(ctx, rt, entry, now)
+        reason = _offer(ctx, rt, entry, now, read)
         if reason is not None:
             rejected.append((entry, reason))
     return rejected
 
 
-def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float) -> str | None:
+def to_read(rt: FragmentRuntime, entries: Iterable[Entry]) -> list[Entry]:
+    """The entries ``admit_entries`` will read, in order (not deleted, not seen before)."""
+    return [e for e in entries if not e.deleted and e.id not in rt.known]
+
+
+def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Read) -> str | None:
     """Admit, settle or refuse one entry; returns the dead-letter reason of a refusal."""
     if entry.deleted:
         settle(rt, entry.id, "", rt.round.round_id, "dropped", "trimmed while pending", None)
         return None
     try:
-        msg, delta = ops.read_contribution(ctx.bus, entry, run_id=ctx.run_id, limits=ctx.limits)
+        msg, delta = read(entry)
         _check_compatible(ctx, rt, msg, delta.size)
     except BlobMissing as exc:
         # A duplicate or late entry may name a payload its merged twin's commit deleted:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dd_queue.bus import Bus, Entry, Lease
+from dd_queue.bus import Bus, Entry, Lease, RedisBus
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import FragmentPlan
@@ -44,8 +45,9 @@ from dd_queue.keys import SYNC_GROUP, check_name
 from dd_queue.synchronizer import recovery
 from dd_queue.synchronizer.closing import abandon_round, merge_round
 from dd_queue.synchronizer.context import Context, hard_kill
-from dd_queue.synchronizer.intake import admit_entries, dead_letter
+from dd_queue.synchronizer.intake import admit_entries, dead_letter, to_read
 from dd_queue.synchronizer.members import Commands, Learners, beat
+from dd_queue.synchronizer.prefetch import Prefetcher
 from dd_queue.synchronizer.runtime import (
     FragmentRuntime,
     FragmentStatus,
@@ -77,6 +79,8 @@ class Synchronizer:
         allow_config_change: Continue a run created under another config digest.
         kill: Effect of a ``kill`` fault (default: SIGKILL this process).
         wall: Wall-clock seconds for records and events (default ``time.time``).
+        fetch_threads: Threads that fetch and decode contributions ahead of the loop
+            (``prefetch``); default 1 on a ``RedisBus``, 0 (inline, deterministic) otherwise.
 
     Raises:
         ConfigError: ``bus`` belongs to another run, or ``synchronizer_id`` is not a safe name.
@@ -94,6 +98,7 @@ class Synchronizer:
         allow_config_change: bool = False,
         kill: Callable[[str], None] = hard_kill,
         wall: Callable[[], float] = time.time,
+        fetch_threads: int | None = None,
     ) -> None:
         check_name("synchronizer_id", synchronizer_id)
         if bus.keys.run_id != cfg.run.run_id:
@@ -118,6 +123,10 @@ class Synchronizer:
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
         self.rounds_merged = 0
+        if fetch_threads is None:
+            fetch_threads = 1 if isinstance(bus, RedisBus) else 0
+        self._prefetch = Prefetcher(self.ctx, threads=fetch_threads)
+        self._incoming: deque[Entry] = deque()  # read from the group, not yet admitted
 
     # ── lifecycle ─────────────────────────────────────────────────────────────────────────
     def start(self) -> None:
@@ -146,6 +155,8 @@ class Synchronizer:
         """Release the leases (a standby takes over at once) and the heartbeat. Held entries
         stay pending; the next owner reclaims them once idle."""
         ctx = self.ctx
+        self._prefetch.close()
+        self._incoming.clear()
         for rt in self.fragments.values():
             try:
                 ctx.bus.release_lease(rt.lease)
@@ -185,11 +196,11 @@ class Synchronizer:
             if ctx.sync.schedule == "synchronizer":
                 self._open_due(now)
             self._decide_all(now)
-            entries = self._read(block_ms, self._wake(now) - now)
-            if entries:
-                now = ctx.clock.now()
-                self._intake(entries, now)
-                self._decide_all(now)
+            wait_s = 0.0 if self._incoming else self._wake(now) - now
+            self._queue(self._read(block_ms, wait_s))
+            if self._incoming:
+                self._intake()
+                self._decide_all(ctx.clock.now())
             return self._wake(ctx.clock.now())
         except LeaseLost:
             raise  # unreachable: handled per fragment by _each
@@ -198,6 +209,8 @@ class Synchronizer:
             # and rebuild from Redis once it answers again (``start`` path via ``_acquire_free``).
             log.error("synchronizer.bus_error %s; dropping %d fragments", exc, len(self.fragments))
             self.fragments.clear()
+            self._incoming.clear()  # still pending: re-read with each fragment's own entries
+            self._prefetch.clear()
             self._timers["acquire"] = now + 1.0
             return now + 1.0
 
@@ -210,6 +223,9 @@ class Synchronizer:
 
     def _drop(self, p: int, why: str) -> None:
         if self.fragments.pop(p, None) is not None:
+            stream = self.ctx.bus.keys.up(p)  # its queued entries stay pending for the next owner
+            self._prefetch.discard(e for e in self._incoming if e.stream == stream)
+            self._incoming = deque(e for e in self._incoming if e.stream != stream)
             log.warning("lease.lost fragment %d: %s", p, why)
             self.ctx.emit("lease.lost", why, fragment=p)
 
@@ -364,27 +380,65 @@ class Synchronizer:
             streams, SYNC_GROUP, ctx.owner, count=READ_COUNT, block_ms=block or None
         )
 
-    def _intake(self, entries: Sequence[Entry], now: float) -> None:
+    def _queue(self, entries: Sequence[Entry]) -> None:
+        """Queue entries read from the group for admission, and for reading ahead."""
+        self._incoming.extend(entries)
         by_stream = {self.ctx.bus.keys.up(p): rt for p, rt in self.fragments.items()}
-        for stream in sorted({e.stream for e in entries}):
-            rt = by_stream.get(stream)
-            if rt is None:
-                continue  # the lease was lost meanwhile: the next owner reclaims them
-            try:
-                self._admit(rt, [e for e in entries if e.stream == stream], now)
-            except LeaseLost as exc:
-                self._drop(rt.fragment_id, str(exc))
+        for stream in dict.fromkeys(e.stream for e in entries):
+            if (rt := by_stream.get(stream)) is not None:
+                todo = to_read(rt, (e for e in entries if e.stream == stream))
+                self._prefetch.submit(todo, elements=rt.fragment.size)
+
+    def _intake(self) -> None:
+        """Admit the queued entries, stream by stream, deciding each fragment as soon as its
+        entries are in. With a fetch thread, the entries that arrived meanwhile are read from
+        the group (without blocking) before the last merge, so they are fetched and decoded
+        during it; they are admitted by the next ``pump``."""
+        clock, by_stream = (
+            self.ctx.clock,
+            {self.ctx.bus.keys.up(p): rt for p, rt in self.fragments.items()},
+        )
+        batch, self._incoming = self._incoming, deque()
+        try:
+            while batch:
+                stream, run = batch[0].stream, []
+                while batch and batch[0].stream == stream:
+                    run.append(batch.popleft())
+                rt = by_stream.get(stream)
+                if rt is None or self.fragments.get(rt.fragment_id) is not rt:
+                    self._prefetch.discard(run)  # the lease was lost: the next owner reclaims
+                    continue
+                try:
+                    self._admit(rt, run, clock.now())
+                    if self.ctx.sync.schedule == "synchronizer":
+                        self._open_due(clock.now())  # on time, also while merging
+                    if self._prefetch.threaded and not batch and not self._incoming:
+                        self._queue(self._read(0, 0.0))
+                    self._decide(rt, clock.now())
+                except LeaseLost as exc:
+                    self._drop(rt.fragment_id, str(exc))
+        finally:
+            batch.extend(self._incoming)  # an error left some unadmitted: keep the order
+            self._incoming = batch
 
     def _admit(
         self, rt: FragmentRuntime, entries: Sequence[Entry], now: float | None = None
     ) -> None:
         at = self.ctx.clock.now() if now is None else now
-        dead_letter(self.ctx, rt, admit_entries(self.ctx, rt, entries, at))
+        prefetch = self._prefetch
+        prefetch.submit(to_read(rt, entries), elements=rt.fragment.size)
+        try:
+            rejected = admit_entries(self.ctx, rt, entries, at, prefetch.read)
+        finally:
+            prefetch.discard(entries)  # those it did not read (seen before, or an error)
+        dead_letter(self.ctx, rt, rejected)
 
     # ── timing and status ─────────────────────────────────────────────────────────────────
     def _wake(self, now: float) -> float:
         ttl = self.ctx.sync.lease_ttl_s
         times = [*self._timers.values(), self._learners.next_at]
+        if self._incoming:
+            times.append(now)  # entries read ahead wait for admission
         if self.ctx.sync.schedule == "synchronizer":
             times.append(self._next_opening(now).due_at_s)
         for rt in self.fragments.values():
