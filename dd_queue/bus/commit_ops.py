@@ -246,6 +246,20 @@ def decode_commit_marker(raw: bytes) -> tuple[CommitResult, str] | None:
     return CommitResult(tuple(ids.split()), int(acked), replayed=True), lease_value
 
 
+def check_dead_letter(
+    entry_stream: str, entry_id: str, *, group: str, dlq: str, maxlen: int | None
+) -> None:
+    """Validate a dead-letter move's arguments before anything is sent (both buses).
+
+    Raises:
+        InvalidArgument: Another hash tag, a malformed entry id, group or maxlen.
+    """
+    check_same_slot(entry_stream, [dlq])
+    check_stream_id("dead_letter entry id", entry_id)
+    check_key("dead_letter group", group)
+    check_maxlen("dead_letter maxlen", maxlen)
+
+
 __all__ = [
     "COMMIT_MARKER_TTL_S",
     "AckOp",

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from dd_queue.bus._memory_kv import MemoryKeyValueOps
-from dd_queue.bus._values import check_key, check_maxlen, check_stream_id
+from dd_queue.bus._values import check_stream_id
+from dd_queue.bus.commit_ops import check_dead_letter
 from dd_queue.bus.types import (
     COMMIT_MARKER_TTL_S,
     Entry,
@@ -24,7 +25,6 @@ from dd_queue.bus.types import (
     PendingEntry,
     PendingSummary,
     Reclaimed,
-    check_same_slot,
     dead_letter_fields,
     format_stream_id,
     parse_stream_id,
@@ -235,10 +235,7 @@ class MemoryBus(MemoryKeyValueOps):
         reason: str,
         maxlen: int | None = None,
     ) -> str:
-        check_same_slot(entry.stream, [dlq])
-        check_stream_id("dead_letter entry id", entry.id)
-        check_key("dead_letter group", group)
-        check_maxlen("dead_letter maxlen", maxlen)
+        check_dead_letter(entry.stream, entry.id, group=group, dlq=dlq, maxlen=maxlen)
         marker = dead_letter_marker_key(dlq, entry.stream, entry.id)
         with self._cond:
             self._stream(entry.stream)  # type checks first: nothing applies on failure

@@ -39,11 +39,11 @@ from dd_queue.bus._values import (
     format_stream_id,
     parse_stream_id,
 )
+from dd_queue.bus.commit_ops import check_dead_letter
 from dd_queue.bus.types import (
     COMMIT_MARKER_TTL_S,
     Entry,
     InvalidArgument,
-    check_same_slot,
     dead_letter_fields,
     ttl_ms,
 )
@@ -249,10 +249,7 @@ class RedisBus(RedisGroupOps, RedisKeyValueOps):
         reason: str,
         maxlen: int | None = None,
     ) -> str:
-        check_same_slot(entry.stream, [dlq])
-        check_stream_id("dead_letter entry id", entry.id)
-        check_key("dead_letter group", group)
-        check_maxlen("dead_letter maxlen", maxlen)
+        check_dead_letter(entry.stream, entry.id, group=group, dlq=dlq, maxlen=maxlen)
         fields = {**entry.fields, **dead_letter_fields(entry, group, reason)}
         marker = dead_letter_marker_key(dlq, entry.stream, entry.id)
         args: list[EncodableT] = [group, entry.id, "" if maxlen is None else maxlen]
