@@ -19,7 +19,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from dd_queue.bus import RedisBus, RedisOptions
-from dd_queue.clock import FakeClock
+from dd_queue.clock import Clock, FakeClock
 from dd_queue.config import DDQConfig
 from dd_queue.control import create_app
 from dd_queue.messages import FaultCommand, Heartbeat
@@ -30,12 +30,16 @@ TOKEN = "admin-token-for-tests-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def fake_bus(run_id: str, server: fakeredis.FakeServer) -> RedisBus:
-    """A RedisBus over fakeredis (one client per role), giving up on Redis after 0.5 s."""
+def fake_bus(run_id: str, server: fakeredis.FakeServer, clock: Clock | None = None) -> RedisBus:
+    """A RedisBus over fakeredis (one client per role), giving up on Redis after 0.5 s.
+
+    ``clock`` is the one its leases' local expiry estimates use: give the synchronizer's bus the
+    synchronizer's clock, or it compares a ``FakeClock`` with the machine's monotonic clock.
+    """
     control, reader, blobs, beat = (fakeredis.FakeRedis(server=server) for _ in range(4))
     options = RedisOptions(unavailable_after_s=0.5, retry_base_s=0.01, retry_cap_s=0.05)
     return RedisBus.from_clients(
-        run_id, control, reader=reader, blobs=blobs, heartbeat=beat, options=options
+        run_id, control, reader=reader, blobs=blobs, heartbeat=beat, options=options, clock=clock
     )
 
 
@@ -149,9 +153,9 @@ def make_run(**control: Any) -> Iterator[Run]:
     run_id = f"c{uuid.uuid4().hex[:8]}"
     server = fakeredis.FakeServer()
     cfg = config(run_id, **control)
-    bus = fake_bus(run_id, server)
-    sync_bus = fake_bus(run_id, server)
     sync_clock, clock = FakeClock(1000.0), FakeClock(50.0)
+    bus = fake_bus(run_id, server)
+    sync_bus = fake_bus(run_id, server, sync_clock)
     heartbeat(bus, cfg, "L0")
     heartbeat(bus, cfg, "L1")
     sync = Synchronizer(
