@@ -259,14 +259,18 @@ def _blockwise_into(raw: U8, out: Float32Array, codec: str, block_size: int) -> 
         raise NonFiniteValues(f"a block scale is NaN, Inf or above float32 max/{levels + 1}")
     data = raw[4 * n_blocks :]
     q = data.view(np.int8) if codec == "int8" else _unpack_int4(data)
-    # Two whole-array passes (int8 → float32 cast, then a float32 multiply by the block's scale)
-    # run ~1.6x faster than one mixed-type multiply, which casts through small buffers; and two
-    # numpy calls, each releasing the GIL, let a decoding thread run beside the merge.
-    np.copyto(out, q[:n], casting="unsafe")  # exact: every int8 is a float32
-    split = n_full * block_size
-    rows = out[:split].reshape(n_full, block_size)
-    np.multiply(rows, scales[:n_full, None], out=rows)
+    # Per piece that stays in L2: an int8 → float32 cast, then a float32 multiply by each row's
+    # scale. ~1.6x faster than one mixed-type multiply (which casts through small buffers), and
+    # the multiply re-reads the piece from cache, not memory (which the merge is busy with).
+    per_chunk = max(1, _CHUNK_ELEMENTS // block_size)
+    for b0 in range(0, n_full, per_chunk):
+        b1 = min(b0 + per_chunk, n_full)
+        rows = out[b0 * block_size : b1 * block_size].reshape(-1, block_size)
+        np.copyto(rows, q[b0 * block_size : b1 * block_size].reshape(rows.shape), casting="unsafe")
+        np.multiply(rows, scales[b0:b1, None], out=rows)
     if tail:
+        split = n_full * block_size
+        np.copyto(out[split:], q[split:n], casting="unsafe")
         np.multiply(out[split:], scales[n_full], out=out[split:])
 
 

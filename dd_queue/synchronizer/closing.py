@@ -23,6 +23,8 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+import numpy as np
+
 from dd_queue.bus import AckOp, AppendOp, BlobRef, CommitOp, DeleteOp, SetOp, ops
 from dd_queue.core.anchor import anchor_contributions
 from dd_queue.core.merge import F32, ContributionData, MergeResult, merge_fragment
@@ -50,6 +52,7 @@ class _Merged:
     outcomes: tuple[EntryOutcome, ...]
     contributors: tuple[ContributorRecord, ...]
     timings_s: dict[str, float]
+    scratch: F32 | None = None  # the merged Δ's buffer (pooled; free once Θ_p is stepped)
 
 
 def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
@@ -66,10 +69,16 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
         for h in held
     ]
     kept, anchorings = anchor_contributions(contribs, rt.ring, anchor=sync.anchor)
-    result = merge_fragment(kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting)
+    buffers, size = ctx.buffers, rt.fragment.size
+    out = buffers.take(size)
+    result = merge_fragment(
+        kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
+    )
     t1 = clock.now()
-    theta = rt.theta.copy()
-    momentum = NesterovState(rt.momentum.momentum_buffer.copy(), rt.momentum.step)
+    theta = buffers.take(size)
+    np.copyto(theta, rt.theta)
+    momentum = NesterovState(buffers.take(size), rt.momentum.step)
+    np.copyto(momentum.momentum_buffer, rt.momentum.momentum_buffer)
     if result.kind == "merged":
         nesterov_step(theta, result.delta, momentum, lr=sync.outer_lr, momentum=sync.outer_momentum)
     dropped = {a.learner_id: a.reason for a in anchorings if a.dropped}
@@ -96,7 +105,7 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
         if h.msg.learner_id in weights
     )
     timings = {"merge": t1 - t0, "outer_step": clock.now() - t1}
-    return _Merged(theta, momentum, result, outcomes, contributors, timings)
+    return _Merged(theta, momentum, result, outcomes, contributors, timings, out)
 
 
 def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: float) -> None:
@@ -142,10 +151,14 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     ctx.fault("before_commit")
     bus.commit(rt.lease, commit_ops, commit_id=f"{p}:{r}:{version}")
     # Committed: the in-memory runtime takes the new version.
+    replaced = [rt.theta, rt.momentum.momentum_buffer, *(h.delta for h in held)]
     rt.theta, rt.momentum, rt.state = merged.theta, merged.momentum, new_state
     rt.ring.push(version, merged.theta)
     rt.round = rt.round.after_merge(round_id=r + ctx.sync.n_fragments, opened_at_s=now)
     rt.announced, rt.decision, rt.held, rt.settled = False, None, {}, []
+    if merged.scratch is not None:
+        replaced.append(merged.scratch)
+    ctx.buffers.give(replaced)  # nothing reads them any more
     rt.known.difference_update(entry_ids)
     _delete_payloads(ctx, rt, [*(h.blob for h in held), *(s.blob for s in settled)])
     log.info("round.merged fragment %d round %d → version %d: %s", p, r, version, reason)

@@ -20,6 +20,7 @@ from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
 from dd_queue.faults import Fault, FaultInjector
 from dd_queue.messages import Event, MessageLimits, Scalar
+from dd_queue.synchronizer.buffers import BufferPool
 
 __all__ = ["Context", "hard_kill"]
 
@@ -48,6 +49,7 @@ class Context:
         limits: Decode limits of every message, derived once.
         policy: The quorum policy's knobs, derived once.
         membership: The liveness thresholds, derived once.
+        buffers: Fragment-sized float32 arrays for reuse (decoded contributions, Θ_p, ...).
     """
 
     bus: Bus
@@ -61,6 +63,7 @@ class Context:
     limits: MessageLimits = field(init=False)
     policy: PolicyParams = field(init=False)
     membership: MembershipParams = field(init=False)
+    buffers: BufferPool = field(init=False, default_factory=BufferPool)
 
     def __post_init__(self) -> None:
         # Derived once (hashing the tree per message is far too slow). The run digest covers

@@ -4,9 +4,10 @@ Per entry, in order (the first that applies decides):
 
 1. a redelivery of an entry already read in this lifetime is skipped;
 2. a trimmed entry (no fields) is settled as ``dropped``;
-3. the entry is read and verified whole (``ops.read_contribution``: envelope, run, stream,
-   reference, blob framing, checksum, NaN/Inf, size limits), then its config digest and size
-   are compared with ours: any failure dead-letters it with the reason. One exception: a
+3. the entry is read and verified whole (``ops.read_contribution``, perhaps ahead of time by
+   the ``Prefetcher``: envelope, run, stream, reference, blob framing, checksum, NaN/Inf, size
+   limits), then its config digest and size are compared with ours: any failure dead-letters
+   it with the reason. One exception: a
    missing payload of an entry that could not merge anyway (a duplicate or late twin of a
    merged one, whose commit deleted the shared payload) is settled by its outcome instead;
 4. ``core.rounds.RoundState.admit`` says duplicate / late / invalid / stale / superseded: the
@@ -75,18 +76,23 @@ def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Re
         return None
     try:
         msg, delta = read(entry)
-        _check_compatible(ctx, rt, msg, delta.size)
     except BlobMissing as exc:
         # A duplicate or late entry may name a payload its merged twin's commit deleted:
         # settle it by its admission outcome; an entry that could still merge is lost.
         return _offer_without_payload(ctx, rt, entry, now, f"{ops.rejection_reason(exc)}: {exc}")
     except ProtocolError as exc:
         return f"{ops.rejection_reason(exc)}: {exc}"
+    try:
+        _check_compatible(ctx, rt, msg, delta.size)
+    except ProtocolError as exc:
+        ctx.buffers.give([delta])
+        return f"{ops.rejection_reason(exc)}: {exc}"
     round_after, admission = rt.round.admit(
         _meta(msg, entry), now=now, max_staleness=ctx.sync.max_staleness
     )
     ref = ops.blob_ref(entry)
     if not admission.admitted:
+        ctx.buffers.give([delta])
         outcome = cast(EntryOutcomeKind, admission.kind)  # not admitted: an outcome kind
         settle(
             rt, entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, ref, ref.nbytes
@@ -108,6 +114,8 @@ def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Re
             old.blob.nbytes,
         )
     rt.held[msg.learner_id] = Held(entry=entry, msg=msg, delta=delta, blob=ref)
+    if old is not None:
+        ctx.buffers.give([old.delta])  # its successor holds its place
     _log_admission(rt, admission)
     return None
 

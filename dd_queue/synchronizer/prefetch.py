@@ -1,15 +1,25 @@
-"""Reading contributions ahead of the loop that admits them, on a worker thread.
+"""Reading contributions ahead of the loop that admits them: fetched here, decoded on a worker.
 
-Reading one contribution (``ops.read_contribution``) is a GET of its payload, a CRC-32 and a
-dequantisation into float32: work that runs mostly outside the GIL (socket reads, zlib, numpy).
-A ``Prefetcher`` with a worker thread reads entries in the order they were submitted while the
-synchronizer's loop admits, merges and commits the ones before them. Everything else stays on
-the loop's thread, in entry order: the loop asks for each entry's result when it reaches the
-entry and gets exactly what an inline read returns, or raises what it raises
-(``ProtocolError``, ``BlobMissing``, ``BusError``), so validation, dead-lettering, admission
-and the fenced commits are unchanged. A read ahead of time may find a payload that an earlier
-entry's commit deletes a moment later; only a duplicate or late twin of a merged entry shares
-a payload, and admission settles such an entry by its outcome either way, never merging it.
+Reading one contribution (``ops.read_contribution``) is a GET of its payload, then checks, a
+CRC-32 and a dequantisation into float32. The last two run outside the GIL (zlib, numpy) and
+take most of the time, so a ``Prefetcher`` runs ``read_contribution`` for the next entries on a
+worker thread while the synchronizer's loop admits, merges and commits the ones before them.
+The GET itself is made on the loop's thread, when an entry enters the read-ahead window, and
+handed to the worker's ``read_contribution`` in place of the bus's ``get_blob``: a GET holds
+and releases the GIL dozens of times per MB (socket reads, reply parsing), and from a second
+thread that ping-pong slowed the merge's numpy loop ~2x (measured), while decoding beside it
+costs the merge nothing. The GET is made only for a reference within ``max_blob_bytes`` (the
+bound ``read_contribution`` checks before fetching), and its outcome (bytes, ``BlobMissing``,
+any other error) is what ``read_contribution`` gets from ``get_blob`` at the same point of its
+checks, so the checks, their order and their errors are unchanged.
+
+Everything else stays on the loop's thread, in entry order: the loop asks for each entry's
+result when it reaches the entry and gets exactly what an inline read returns, or raises what
+it raises (``ProtocolError``, ``BlobMissing``, ``BusError``), so validation, dead-lettering,
+admission and the fenced commits are unchanged. A read ahead of time may find a payload that an
+earlier entry's commit deletes a moment later; only a duplicate or late twin of a merged entry
+shares a payload, and admission settles such an entry by its outcome either way, never merging
+it.
 
 Without a worker (``threads=0``: ``MemoryBus`` and the deterministic in-process runner), an
 entry is read when its result is asked for: the same calls in the same order as a plain loop.
@@ -24,9 +34,11 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, cast
 
-from dd_queue.bus import Entry, ops
+from dd_queue.bus import BlobRef, Bus, Entry, ops
 from dd_queue.core.merge import F32
+from dd_queue.errors import DDQError
 from dd_queue.messages import Contribution
 from dd_queue.synchronizer.context import Context
 
@@ -72,7 +84,7 @@ class Prefetcher:
             if threads
             else None
         )
-        self._waiting: OrderedDict[_Key, tuple[Entry, int]] = OrderedDict()  # not yet started
+        self._waiting: OrderedDict[_Key, tuple[Entry, int]] = OrderedDict()  # entry, elements
         self._started: dict[_Key, tuple[Future[tuple[Contribution, F32]], int]] = {}
         self._started_bytes = 0
 
@@ -93,11 +105,16 @@ class Prefetcher:
         for entry in entries:
             key = (entry.stream, entry.id)
             if key not in self._started:
-                self._waiting[key] = (entry, 4 * elements)
+                self._waiting[key] = (entry, elements)
         self._top_up()
 
-    def read(self, entry: Entry) -> tuple[Contribution, F32]:
+    def read(self, entry: Entry, *, elements: int) -> tuple[Contribution, F32]:
         """The entry's contribution: read ahead if it was, else read now on this thread.
+
+        Args:
+            entry: The entry.
+            elements: The fragment's size: a payload of that size is decoded into a pooled
+                array (``ctx.buffers``; give it back when done with it).
 
         Raises:
             What ``ops.read_contribution`` raises for it.
@@ -107,7 +124,7 @@ class Prefetcher:
         self._waiting.pop(key, None)
         if started is None:
             self._top_up()
-            return self._read_now(entry)
+            return self._read_now(entry, self._ctx.bus, elements)
         future, nbytes = started
         self._started_bytes -= nbytes
         self._top_up()
@@ -137,16 +154,67 @@ class Prefetcher:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _read_now(self, entry: Entry) -> tuple[Contribution, F32]:
+    def _read_now(self, entry: Entry, bus: Bus, elements: int) -> tuple[Contribution, F32]:
+        """``ops.read_contribution``, into a pooled array when the payload has ``elements``
+        (another size is left to it, and refused by the caller as incompatible, as before)."""
         ctx = self._ctx
-        return ops.read_contribution(ctx.bus, entry, run_id=ctx.run_id, limits=ctx.limits)
+        out = None
+        try:
+            msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
+        except DDQError:
+            pass  # read_contribution raises it again, in its order
+        else:
+            header = msg.tensor
+            zero_copy = header.codec == "fp32" and not header.zstd and not header.shuffle
+            if header.n_elements == elements and not zero_copy:  # fp32 decodes to a view
+                out = ctx.buffers.take(elements)
+        try:
+            return ops.read_contribution(bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out)
+        except BaseException:
+            if out is not None:
+                ctx.buffers.give([out])
+            raise
 
     def _top_up(self) -> None:
         pool = self._pool
         while pool is not None and self._waiting and len(self._started) < self._window:
-            key, (entry, nbytes) = next(iter(self._waiting.items()))
+            key, (entry, elements) = next(iter(self._waiting.items()))
+            nbytes = 4 * elements
             if self._started and self._started_bytes + nbytes > self._window_bytes:
                 return
             del self._waiting[key]
-            self._started[key] = (pool.submit(self._read_now, entry), nbytes)
+            bus = self._fetched(entry)
+            self._started[key] = (pool.submit(self._read_now, entry, bus, elements), nbytes)
             self._started_bytes += nbytes
+
+    def _fetched(self, entry: Entry) -> Bus:
+        """The bus for the worker's read of ``entry``, its payload fetched now when allowed."""
+        ctx = self._ctx
+        try:
+            ref = ops.blob_ref(entry)
+        except DDQError:
+            return ctx.bus  # read_contribution refuses the entry before fetching anything
+        if ref.nbytes > ctx.limits.max_blob_bytes:
+            return ctx.bus  # refused as too large before fetching
+        try:
+            outcome: bytes | DDQError = ctx.bus.get_blob(ref)
+        except DDQError as exc:  # BlobMissing, CorruptPayload, BusError: raised in order later
+            outcome = exc
+        return cast(Bus, _Fetched(ctx.bus, ref, outcome))
+
+
+class _Fetched:
+    """The bus, except that ``get_blob`` of one reference answers what was fetched for it."""
+
+    def __init__(self, bus: Bus, ref: BlobRef, outcome: bytes | DDQError) -> None:
+        self._bus, self._ref, self._outcome = bus, ref, outcome
+
+    def get_blob(self, ref: BlobRef) -> bytes:
+        if ref != self._ref:
+            return self._bus.get_blob(ref)
+        if isinstance(self._outcome, DDQError):
+            raise self._outcome
+        return self._outcome
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)

@@ -15,9 +15,17 @@ One ``pump``, in order:
 2. open the round that is due (synchronizer-paced) on the ``open`` stream;
 3. decide every open round (``core.policy.decide``): merge, abandon or wait;
 4. read new contributions through the group (blocking up to ``block_ms``, never past the next
-   wake-up), validate, dead-letter or admit them, and decide again (the fast path merges as
-   soon as every live learner contributed);
+   wake-up; not at all while entries read earlier wait), validate, dead-letter or admit them
+   stream by stream, deciding each fragment as soon as its entries are in (the fast path merges
+   as soon as every live learner contributed) and opening rounds that fell due meanwhile; then
+   decide again;
 5. return the next wake-up time (clock seconds).
+
+With a fetch thread (``prefetch``; on a ``RedisBus``), payloads are fetched and decoded ahead
+of admission, and just before a fragment's merge the group is read once more without blocking,
+so the entries that arrived meanwhile are decoded during the merge; they are admitted by the
+next ``pump``, first thing. Without one (``MemoryBus``, the deterministic runner), each entry
+is read when admission reaches it, as a plain loop would.
 
 Exactly-once rests on two facts: a round's acks are in the same fenced commit as its new version
 (so an applied entry is never pending again), and a contribution whose round is at most the last
@@ -26,6 +34,7 @@ merged one is refused as late (so a duplicated entry is never applied twice).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -428,7 +437,8 @@ class Synchronizer:
         prefetch = self._prefetch
         prefetch.submit(to_read(rt, entries), elements=rt.fragment.size)
         try:
-            rejected = admit_entries(self.ctx, rt, entries, at, prefetch.read)
+            read = functools.partial(prefetch.read, elements=rt.fragment.size)
+            rejected = admit_entries(self.ctx, rt, entries, at, read)
         finally:
             prefetch.discard(entries)  # those it did not read (seen before, or an error)
         dead_letter(self.ctx, rt, rejected)
