@@ -13,7 +13,10 @@ three estimates exist the grace window is the cap (0 s if the cap itself is unkn
 
 ``decide`` checks, in order:
 
-1. **Below quorum.** With no live learner it waits for one to join, without a deadline. Else,
+1. **Below quorum.** With no live learner it waits for one to join, without a deadline, unless
+   entries already settled without a merge (late, superseded, stale, ...) wait for the
+   fragment's next commit to be acknowledged: then it abandons at the round timeout, so they
+   do not stay pending while nobody trains (held contributions are carried, as below). Else,
    at ``opened_at + round_timeout_s`` it abandons the round; held contributions are *not*
    dropped: they stay held for the fragment's next round (``RoundState.reopened``), so learners
    that already sent lose nothing and the next round needs only the missing ones. Before the
@@ -54,6 +57,7 @@ __all__ = [
 DecisionKind = Literal["wait", "merge", "abandon"]
 QuorumPolicy = Literal["wait", "shrink"]
 _MAX_NAMES = 6
+_KEPT = "held contributions stay for the fragment's next round"
 
 
 def _finite(name: str, value: float, *, low: float, high: float = math.inf) -> None:
@@ -248,6 +252,7 @@ class _Round:
     n_reachable: int
     quorum: int
     prefix: str  # explains a shrunk quorum, else ""
+    unacked: int = 0  # entries settled without a merge, acknowledged by the next commit
 
     @property
     def deadline_s(self) -> float:
@@ -286,6 +291,7 @@ def decide(
     *,
     params: PolicyParams,
     estimates: Estimates,
+    unacked: int = 0,
 ) -> Decision:
     """Decide whether a fragment round waits, merges or is abandoned (arXiv 2604.21428).
 
@@ -295,6 +301,7 @@ def decide(
         live_learners: Learners that may still contribute (not dead), joiners included.
         params: Quorum, grace and timeout knobs.
         estimates: ξ_step, ξ_quorum and ξ_sync EMAs.
+        unacked: Entries settled without a merge that the fragment's next commit acknowledges.
 
     Returns:
         The ``Decision`` with its reason and structured fields.
@@ -317,6 +324,7 @@ def decide(
         n_reachable=reachable,
         quorum=quorum,
         prefix=prefix,
+        unacked=unacked,
     )
     if len(held) < quorum:
         return _below_quorum(r, any_live=bool(live_learners))
@@ -325,10 +333,20 @@ def decide(
 
 def _below_quorum(r: _Round, *, any_live: bool) -> Decision:
     if not any_live:
+        if r.unacked and r.now >= r.deadline_s:
+            kept = _KEPT if r.held else "none held"
+            reason = (
+                f"no live learners and round timeout {fmt_s(r.params.round_timeout_s)} s passed: "
+                f"closing the round to acknowledge {r.unacked} settled entries; {kept}"
+            )
+            return r.decision("abandon", reason)
         reason = f"no live learners; waiting for one to join; quorum {r.quorum}, {r.tally}"
+        if r.unacked:
+            reason += f"; {r.unacked} settled entries acknowledged at the round timeout"
+            return r.decision("wait", reason, wake_at=r.deadline_s)
         return r.decision("wait", reason)
     if r.now >= r.deadline_s:
-        kept = "held contributions stay for the fragment's next round" if r.held else "none held"
+        kept = _KEPT if r.held else "none held"
         reason = (
             f"round timeout {fmt_s(r.params.round_timeout_s)} s passed without quorum {r.quorum}: "
             f"{r.tally}; missing {_names(r.missing)}; {kept}"

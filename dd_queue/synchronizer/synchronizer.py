@@ -361,7 +361,12 @@ class Synchronizer:
         ctx = self.ctx
         estimates = rt.state.estimates(self._learners.step)
         d = decide(
-            now, rt.round.view(), self._learners.live, params=ctx.policy, estimates=estimates
+            now,
+            rt.round.view(),
+            self._learners.live,
+            params=ctx.policy,
+            estimates=estimates,
+            unacked=len(rt.settled),
         )
         previous, rt.decision = rt.decision, d
         if d.kind == "wait":

@@ -58,6 +58,7 @@ class Case:
     says: tuple[str, ...]
     params: dict[str, Any] = field(default_factory=dict)
     estimates: Estimates = EST
+    unacked: int = 0
 
 
 BASE: dict[str, Any] = {"quorum": 1, "overlap_steps": 2.0, "round_timeout_s": 30.0}
@@ -196,6 +197,29 @@ CASES = {
         ("no live learners", "1/1 contributed (L0)"),
         {"quorum": 2},
     ),
+    "all-dead-with-settled-entries-waits-until-the-timeout": Case(
+        10.0,
+        view(("L0", 1.0)),
+        live(),
+        "wait",
+        30.0,
+        ("no live learners", "1/1 contributed (L0)", "3 settled entries acknowledged at the round"),
+        {"quorum": 2},
+        unacked=3,
+    ),
+    "all-dead-with-settled-entries-abandons-at-the-timeout-to-ack-them": Case(
+        30.0,
+        view(("L0", 1.0)),
+        live(),
+        "abandon",
+        None,
+        (
+            "no live learners and round timeout 30 s passed: closing the round to acknowledge 3 "
+            "settled entries; held contributions stay for the fragment's next round",
+        ),
+        {"quorum": 2},
+        unacked=3,
+    ),
     "all-dead-quorum-met-merges-what-is-held": Case(
         2.0,
         view(("L0", 1.0)),
@@ -293,7 +317,14 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_decide(case: Case) -> None:
     params = PolicyParams(**{**BASE, **case.params})
-    decision = decide(case.now, case.view, case.live, params=params, estimates=case.estimates)
+    decision = decide(
+        case.now,
+        case.view,
+        case.live,
+        params=params,
+        estimates=case.estimates,
+        unacked=case.unacked,
+    )
     assert decision.kind == case.kind, decision.reason
     if case.wake_at is None:
         assert decision.wake_at is None
