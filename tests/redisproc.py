@@ -45,6 +45,7 @@ class RedisProcess:
         appendonly: Enable AOF persistence (``appendfsync everysec``).
         extra_args: More ``--name value`` arguments for redis-server.
         start_timeout_s: How long to wait for PING after starting.
+        binary: The server binary (default: ``redis-server`` on PATH; e.g. a valkey-server).
     """
 
     def __init__(
@@ -54,8 +55,9 @@ class RedisProcess:
         appendonly: bool = False,
         extra_args: tuple[str, ...] = (),
         start_timeout_s: float = 10.0,
+        binary: str | None = None,
     ) -> None:
-        binary = redis_server_path()
+        binary = binary or redis_server_path()
         if binary is None:
             raise FileNotFoundError(
                 f"{REDIS_SERVER} is not installed (apt-get install redis-server)"

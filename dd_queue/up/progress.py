@@ -1,5 +1,8 @@
 """Watching a run through the Bus: round records, events and heartbeats → progress + summary.
 
+Goodput and uptime are the control plane's: a ``GoodputLedger`` fed with every learner's
+observed state at each poll (training / waiting / down), from the first poll on.
+
 Reads only (``Bus.read`` of the ``rounds``/``dlq``/``events`` streams through the control
 plane's :class:`~dd_queue.control.tails.RunLog`, ``Bus.heartbeats`` through
 :class:`~dd_queue.control.members.Members`); key names come from ``dd_queue.keys``.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 from dd_queue.bus import Bus
 from dd_queue.config import DDQConfig
+from dd_queue.control.ledger import GoodputLedger, interval_kind
 from dd_queue.control.members import Members
 from dd_queue.control.tails import RunLog
 from dd_queue.up.summary import Summary
@@ -31,6 +35,7 @@ class RunWatch:
         self.runlog = RunLog(bus, cfg.synchronizer.n_fragments, limits)
         self.members = Members(cfg.run.run_id, cfg.membership.params(), limits)
         self._tokens: dict[tuple[str, int], int] = {}
+        self._ledger: GoodputLedger | None = None
 
     def poll(self, now: float) -> None:
         """Read what is new (rounds, events, heartbeats) and update the summary."""
@@ -60,6 +65,19 @@ class RunWatch:
             key = (obs.learner_id, obs.beat.pid)
             self._tokens[key] = max(self._tokens.get(key, 0), obs.beat.n_tokens)
         s.tokens_trained = sum(self._tokens.values())
+        self._account(now)
+
+    def _account(self, now: float) -> None:
+        """Goodput and uptime so far (from the first poll that saw a learner)."""
+        kinds = {o.learner_id: interval_kind(o.state, o.beat.state) for o in self.members.learners}
+        if self._ledger is None:
+            if not kinds:
+                return
+            self._ledger = GoodputLedger(now)
+        self._ledger.sample(now, kinds)
+        totals = self._ledger.summary(now)
+        if totals.allocated_chip_s > 0:  # an empty window has no goodput yet
+            self.summary.goodput, self.summary.uptime = totals.goodput, totals.uptime
 
     def line(self) -> str:
         """One progress line: rounds, versions, eval loss, learner states."""
@@ -67,8 +85,13 @@ class RunWatch:
         versions = "/".join(str(v) for _, v in sorted(s.versions.items())) or "-"
         states = " ".join(f"{o.learner_id}:{o.state}@{o.beat.step}" for o in self.members.learners)
         loss = f"{s.eval_loss_end:.3f}" if s.eval_loss_end is not None else "-"
-        sync = "up" if any(x.heartbeat_age_s < 5 for x in self.members.synchronizers) else "down"
+        goodput = f"{s.goodput:.0%}" if s.goodput is not None else "-"
         return (
             f"[{s.wall_s:5.0f}s] rounds {s.rounds_merged} versions {versions} eval loss {loss} "
-            f"tokens {s.tokens_trained:,} sync {sync} learners {states or '(joining)'}"
+            f"tokens {s.tokens_trained:,} goodput {goodput} sync {self.sync_state()} "
+            f"learners {states or '(joining)'}"
         )
+
+    def sync_state(self) -> str:
+        """``up`` while a synchronizer heartbeat is under 5 s old, else ``down``."""
+        return "up" if any(x.heartbeat_age_s < 5 for x in self.members.synchronizers) else "down"

@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from types import FrameType
 
 from dd_queue.bus import RedisBus
 from dd_queue.config import DDQConfig
+from dd_queue.up.display import Display
 from dd_queue.up.procs import Children, RedisServer, child_env, free_port
 from dd_queue.up.progress import RunWatch
 from dd_queue.up.summary import Summary
@@ -123,6 +125,46 @@ def _out(line: str) -> None:
     sys.stdout.flush()
 
 
+def access_lines(port: int, token: str) -> list[str]:
+    """The dashboard URL, the admin token and a curl example, as ``ddq up`` prints them."""
+    url = f"http://127.0.0.1:{port}/"
+    return [
+        f"ddq up: dashboard {url}  admin token {token}",
+        "ddq up: e.g. curl -X POST -H 'Authorization: Bearer "
+        f"{token}' -H 'Content-Type: application/json' "
+        f'-d \'{{"target": "L1", "kind": "stall", "duration_s": 10}}\' {url}api/faults',
+    ]
+
+
+def http_call(
+    port: int, token: str, path: str, body: dict[str, object] | None = None
+) -> tuple[int, str]:
+    """One request to the control plane on ``127.0.0.1:<port>``: (status, text); 0 = no answer."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode(errors="replace")
+    except (OSError, urllib.error.URLError) as exc:
+        return 0, str(exc)
+
+
+def start_chaos(port: int, token: str, duration_s: float) -> str:
+    """Start the default chaos schedule (``duration_s``, 0 = an hour) through the API."""
+    body = {
+        "action": "start",
+        "duration_s": duration_s or 3600.0,
+        "rates_per_min": CHAOS_RATES_PER_MIN,
+    }
+    code, text = http_call(port, token, "/api/chaos", body)
+    return f"started {CHAOS_RATES_PER_MIN}" if code in (200, 201) else f"failed {code}: {text}"
+
+
 class _Up:
     """One ``ddq up`` run (see :func:`run_up`)."""
 
@@ -148,53 +190,31 @@ class _Up:
                 argv = ["env", f"CUDA_VISIBLE_DEVICES={i % gpus}", *argv]
             self.children.start(lid, argv, restart=True)
         self.children.start("control", _command("control", self.config))
-        url = f"http://127.0.0.1:{self.port}/"
         _out(f"ddq up: run {self.cfg.run.run_id} in {self.redis.dir} (logs: <name>.log there)")
         _out(f"ddq up: redis {self.redis.url} (AOF on); {len(self.summary.learners)} learners")
-        _out(f"ddq up: dashboard {url}  admin token {self.token}")
-        _out(
-            "ddq up: e.g. curl -X POST -H 'Authorization: Bearer "
-            f"{self.token}' -H 'Content-Type: application/json' "
-            f'-d \'{{"target": "L1", "kind": "stall", "duration_s": 10}}\' {url}api/faults'
-        )
+        for line in access_lines(self.port, self.token):
+            _out(line)
 
-    def tick(self, started: float) -> None:
-        """Supervise, start late parts, poll the run."""
-        for note in self.children.supervise():
-            _out(f"ddq up: {note}")
-            if "stays down" in note:
-                self.summary.notes.append(note)
+    def tick(self, started: float, note: Callable[[str], None] = _out) -> None:
+        """Supervise, start late parts, poll the run; ``note`` shows what ``ddq up`` did."""
+        for text in self.children.supervise():
+            note(f"ddq up: {text}")
+            if "stays down" in text:
+                self.summary.notes.append(text)
         if not self.evaluator_started and self.bus.get(self.bus.keys.state(0)) is not None:
             self.children.start("evaluator", _command("evaluator", self.config), restart=True)
             self.evaluator_started = True
         if self.chaos_pending and self._ready():
             self.chaos_pending = False
-            _out(f"ddq up: chaos {self._start_chaos()}")
+            note(f"ddq up: chaos {self._start_chaos()}")
         self.summary.wall_s = time.monotonic() - started
         self.watch.poll(time.time())
 
-    def _http(self, path: str, body: dict[str, object] | None = None) -> tuple[int, str]:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=5) as answer:
-                return int(answer.status), answer.read().decode()
-        except urllib.error.HTTPError as exc:
-            return int(exc.code), exc.read().decode(errors="replace")
-        except (OSError, urllib.error.URLError) as exc:
-            return 0, str(exc)
-
     def _ready(self) -> bool:
-        return self._http("/readyz")[0] == 200
+        return http_call(self.port, self.token, "/readyz")[0] == 200
 
     def _start_chaos(self) -> str:
-        duration_s = self.opts.duration_s or 3600.0
-        body = {"action": "start", "duration_s": duration_s, "rates_per_min": CHAOS_RATES_PER_MIN}
-        code, text = self._http("/api/chaos", body)
-        return f"started {CHAOS_RATES_PER_MIN}" if code in (200, 201) else f"failed {code}: {text}"
+        return start_chaos(self.port, self.token, self.opts.duration_s)
 
     def stop(self, signals: _Signals) -> None:
         """Two-stage stop of the services (second signal or deadline: SIGKILL), Redis last."""
@@ -237,17 +257,16 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
         },
     )
     up = _Up(cfg, opts, redis, env)
-    started, next_line = time.monotonic(), 0.0
+    started = time.monotonic()
     try:
         up.start()
-        while not signals.stop.is_set():
-            up.tick(started)
-            if up.summary.wall_s >= next_line:
-                next_line = up.summary.wall_s + opts.progress_s
-                _out(up.watch.line())
-            if opts.duration_s and up.summary.wall_s >= opts.duration_s:
-                break
-            signals.stop.wait(0.5)
+        with Display(up.watch, duration_s=opts.duration_s, every_s=opts.progress_s) as display:
+            while not signals.stop.is_set():
+                up.tick(started, display.note)
+                display.update()
+                if opts.duration_s and up.summary.wall_s >= opts.duration_s:
+                    break
+                signals.stop.wait(0.5)
         up.summary.stopped_by = "signal" if signals.stop.is_set() else "duration"
     finally:
         up.stop(signals)

