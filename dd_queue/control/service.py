@@ -15,13 +15,13 @@ import logging
 
 import uvicorn
 
-from dd_queue.bus import RedisBus
+from dd_queue.bus import RedisBus, RedisOptions
 from dd_queue.clock import SystemClock
 from dd_queue.config import DDQConfig
 from dd_queue.control.app import create_app
 from dd_queue.log import setup_logging
 
-__all__ = ["serve"]
+__all__ = ["bus_options", "serve"]
 
 log = logging.getLogger("dd_queue.control")
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -29,13 +29,17 @@ _UNAVAILABLE_AFTER_S = 2.0
 """The control plane gives up on Redis sooner than workers do: it answers 503 instead."""
 
 
+def bus_options(cfg: DDQConfig) -> RedisOptions:
+    """The control plane's Redis options: ``cfg.redis``'s, giving up on Redis within 2 s."""
+    limit_s = min(cfg.redis.unavailable_after_s, _UNAVAILABLE_AFTER_S)
+    return dataclasses.replace(cfg.redis.options(), unavailable_after_s=limit_s)
+
+
 def serve(cfg: DDQConfig) -> int:
     """Serve the control plane until a signal; returns the exit code."""
     setup_logging("control", level=cfg.run.log_level, fmt=cfg.run.log_format)
     log.info("control.config digest %s", cfg.digest, extra={"ddq": {"config": cfg.public_dict()}})
-    limit_s = min(cfg.redis.unavailable_after_s, _UNAVAILABLE_AFTER_S)
-    options = dataclasses.replace(cfg.redis.options(), unavailable_after_s=limit_s)
-    bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=options)
+    bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=bus_options(cfg))
     if cfg.control.host not in _LOOPBACK:
         log.warning(
             "control.exposed bound to %s: read-only routes answer anyone who can reach it "

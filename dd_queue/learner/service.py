@@ -68,6 +68,11 @@ class TwoStageStop:
         """Whether a first signal arrived."""
         return self._event.is_set()
 
+    def request(self) -> None:
+        """Ask for the first stage without a signal (a learner run as a thread of another
+        process, which cannot install signal handlers)."""
+        self._event.set()
+
     def wait(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early on a signal."""
         self._event.wait(seconds)
@@ -76,7 +81,14 @@ class TwoStageStop:
 class PumpThreads:
     """The two background threads of a learner (rank 0 only)."""
 
-    def __init__(self, learner: Learner, *, receive_block_ms: int, send_block_ms: int = 200):
+    def __init__(
+        self,
+        learner: Learner,
+        *,
+        receive_block_ms: int,
+        send_block_ms: int = 200,
+        name: str = "ddq",
+    ):
         self.learner = learner
         self.error: Exception | None = None
         self._stop = threading.Event()
@@ -84,13 +96,13 @@ class PumpThreads:
             threading.Thread(
                 target=self._loop,
                 args=(learner.pump_receive, receive_block_ms),
-                name="ddq-receive",
+                name=f"{name}-receive",
                 daemon=True,
             ),
             threading.Thread(
                 target=self._loop,
                 args=(learner.pump_send, send_block_ms),
-                name="ddq-send",
+                name=f"{name}-send",
                 daemon=True,
             ),
         ]
@@ -117,14 +129,23 @@ class PumpThreads:
                 thread.join(timeout=30.0)
 
 
-def train(learner: Learner, stop: TwoStageStop, threads: PumpThreads) -> int:
-    """Step until done, stopped or killed; returns the exit code."""
+def train(
+    learner: Learner, stop: TwoStageStop, threads: PumpThreads, *, exit_on_kill: bool = True
+) -> int:
+    """Step until done, stopped or killed; returns the exit code.
+
+    A ``kill`` fault exits the process at once (code 137); with ``exit_on_kill`` False (a
+    learner thread inside another process) it returns ``KILLED_EXIT_CODE`` instead.
+    """
     next_note = learner.clock.now() + _PROGRESS_EVERY_S
     while True:
         if threads.error is not None:
             return 1
         report = learner.step()
         if report.action == "killed":
+            if not exit_on_kill:
+                log.error("learner.killed by a fault: %s stops at once", learner.learner_id)
+                return KILLED_EXIT_CODE
             log.error("learner.killed by a fault: exiting at once")
             logging.shutdown()
             os._exit(KILLED_EXIT_CODE)

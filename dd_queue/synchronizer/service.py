@@ -20,14 +20,14 @@ import threading
 from types import FrameType
 
 from dd_queue.bus import RedisBus
-from dd_queue.clock import SystemClock
+from dd_queue.clock import Clock, SystemClock
 from dd_queue.config import DDQConfig
 from dd_queue.log import setup_logging
 from dd_queue.synchronizer.export import load_export
 from dd_queue.synchronizer.source import ModelSource
 from dd_queue.synchronizer.synchronizer import Synchronizer
 
-__all__ = ["install_two_stage_stop", "serve"]
+__all__ = ["install_two_stage_stop", "pump_until", "serve"]
 
 log = logging.getLogger("dd_queue.synchronizer")
 BLOCK_MS = 500
@@ -46,6 +46,15 @@ def install_two_stage_stop(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def pump_until(sync: Synchronizer, clock: Clock, stop: threading.Event) -> None:
+    """Start ``sync`` and pump it until ``stop`` is set (the caller closes it)."""
+    sync.start()
+    while not stop.is_set():
+        wake = sync.pump(block_ms=BLOCK_MS)  # blocks on the group read while it owns any
+        if not sync.owned and wake is not None and wake > clock.now():
+            stop.wait(min(wake - clock.now(), BLOCK_MS / 1000))  # standby: nothing to read
 
 
 def serve(
@@ -74,11 +83,7 @@ def serve(
         allow_config_change=allow_config_change,
     )
     try:
-        sync.start()
-        while not stop.is_set():
-            wake = sync.pump(block_ms=BLOCK_MS)  # blocks on the group read while it owns any
-            if not sync.owned and wake is not None and wake > clock.now():
-                stop.wait(min(wake - clock.now(), BLOCK_MS / 1000))  # standby: nothing to read
+        pump_until(sync, clock, stop)
     finally:
         sync.close()
         bus.close()

