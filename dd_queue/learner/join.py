@@ -14,7 +14,7 @@ gives up. (A lease would close the race completely; heartbeats keep the key tabl
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dd_queue.bus import Bus
@@ -24,7 +24,7 @@ from dd_queue.errors import BusError, ConfigError, DDQError, ProtocolError
 from dd_queue.learner.exchange import Received, RoundBook
 from dd_queue.learner.pump import Pump
 from dd_queue.learner.receiver import Follower
-from dd_queue.messages import Heartbeat, MessageLimits
+from dd_queue.messages import Heartbeat, MessageLimits, RoundOpen
 from dd_queue.synchronizer.state import FragmentState
 
 log = logging.getLogger("dd_queue.learner")
@@ -154,11 +154,41 @@ def register_and_wait(
         raise
     confirm_owner(bus, identity, limits=limits)
     check_run_state(bus, plan, config_digest=config_digest, limits=limits)
-    follower.start_at_latest([bus.keys.opened_rounds(), *follower.control])
+    follower.start_at_latest(follower.control)
+    openings = follower.scan_opens()  # the position ends at the newest opening
     if not pump.settings.request_rounds:
-        for opening in follower.scan_opens():
+        for opening in openings:
             rounds.announce(opening.fragment_id, opening.round_id, request=False)
+        return initial
+    # Synchronizer-paced: answer the rounds that are open now, not only those opened after we
+    # joined (else a round opened just before waits its whole timeout for us).
+    for fragment_id, round_id in still_open(bus, openings, limits=limits).items():
+        rounds.announce(fragment_id, round_id, request=True)
     return initial
+
+
+def still_open(bus: Bus, openings: Sequence[RoundOpen], *, limits: MessageLimits) -> dict[int, int]:
+    """Fragment → its newest opened round that no merge has closed yet (its ``state`` says
+    which round it merged last). An abandoned round may be named: the learner's contribution
+    to it is then settled with a reason, nothing worse."""
+    newest: dict[int, int] = {}
+    for opening in openings:
+        newest[opening.fragment_id] = max(newest.get(opening.fragment_id, -1), opening.round_id)
+    found = {}
+    for p, round_id in sorted(newest.items()):
+        raw = bus.get(bus.keys.state(p))
+        state = (
+            None
+            if raw is None
+            else FragmentState.from_bytes(raw, run_id=bus.keys.run_id, limits=limits)
+        )
+        if (
+            state is None
+            or state.last_merged_round_id is None
+            or round_id > state.last_merged_round_id
+        ):
+            found[p] = round_id
+    return found
 
 
 def wait_for_globals(

@@ -140,6 +140,19 @@ def test_contribution_carries_counters_base_version_and_round():
     assert msg.config_digest == rig.cfg.run_digest
 
 
+def test_a_round_opened_before_the_learner_joined_is_answered():
+    rig = make_rig(join=False)
+    _, first = rig.standin.open_round(1)
+    _, second = rig.standin.open_round(3)
+    rig.learner.join()  # no state key: both rounds count as open
+    assert rig.learner.step().snapshots == ((1, first), (3, second))
+    assert sorted(rig.learner.pump().sent) == [(1, first), (3, second)]
+    assert sorted((m.fragment_id, m.round_id) for m, _ in rig.standin.contributions()) == [
+        (1, first),
+        (3, second),
+    ]
+
+
 def test_latest_wins_replaces_a_snapshot_not_yet_sent():
     rig = make_rig()
     learner, standin = rig.learner, rig.standin
