@@ -4,8 +4,8 @@ Each refresh samples every known learner's state and extends its timeline
 (``core.goodput`` intervals, one chip group per learner): ``training`` while it is active or
 straggling and reports training, ``waiting`` while stalled (or joining), ``down`` while dead;
 a learner that left is no longer allocated. Goodput and uptime are ``core.goodput.summarize``
-over the window since the control plane started observing (Decoupled DiLoCo's definitions,
-arXiv 2604.21428): a control plane restart starts a new window.
+over the window since the control plane first observed a learner (Decoupled DiLoCo's
+definitions, arXiv 2604.21428): a control plane restart starts a new window.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ class GoodputLedger:
         self.history: deque[GoodputPoint] = deque(maxlen=keep_points)
 
     def sample(self, now: float, kinds: Mapping[str, IntervalKind | None]) -> None:
-        """Record that each learner is in ``kinds[learner]`` from ``now`` on."""
+        """Record that each learner is in ``kinds[learner]`` from ``now`` on. The window
+        starts at the first sample with an allocated learner: time before any learner existed
+        is no one's (it would only lower uptime below goodput)."""
+        if not self._open and not self._closed and any(k is not None for k in kinds.values()):
+            self.started_s = max(self.started_s, now)
         for learner in sorted(self._open.keys() | kinds.keys()):
             kind = kinds.get(learner)
             current = self._open.get(learner)

@@ -203,3 +203,12 @@ def test_corrupt_watch_counts_dead_letters_and_closes_empty_handed_otherwise():
     idle.observe(5.0, target(), [])
     notes = idle.observe(40.0, target(), [])
     assert idle.closed and "closed after 40.0 s" in notes[-1]
+
+
+def test_the_goodput_window_starts_when_the_first_learner_is_seen() -> None:
+    ledger = GoodputLedger(0.0)  # the control plane starts before any learner exists
+    ledger.sample(5.0, {})
+    ledger.sample(10.0, {"L0": "training"})
+    summary = ledger.summary(20.0)
+    assert summary.wall_s == 10.0
+    assert summary.goodput == 1.0 and summary.uptime == 1.0  # not 0.5: nobody was allocated
