@@ -8,16 +8,24 @@ Against a redis-server this script starts on a free loopback port (no persistenc
 
 * **ours**: the real ``Synchronizer`` (``RedisBus`` + ``SystemClock``), pumped in the main
   thread, with quorum K = M (every round merges all M learners; the fast path, no grace wait).
-  Simulated learners run in one publisher thread: for every round opening they publish M int8
-  contributions of the fragment (encoded once per learner, so the learners' encoding costs
-  nothing here; they live in other processes in a real run). Each round the synchronizer
-  fetches and decodes M payloads, re-anchors, merges (RDA), takes the Nesterov step, stages
-  Θ_p and the momentum (fp32, 8 B/element) and commits.
+  Simulated learners run in one publisher *process* (``multiprocessing`` spawn, as real
+  learners live in other processes, so they share the machine's CPUs but not the
+  synchronizer's GIL): for every round opening they publish M int8 contributions of the
+  fragment (encoded once per learner up front, so the learners' encoding costs nothing here).
+  Each round the synchronizer fetches and decodes M payloads, re-anchors, merges (RDA), takes
+  the Nesterov step, stages Θ_p and the momentum (fp32, 8 B/element) and commits.
 * **raw**: the same payload bytes through plain redis-py in the same topology: a producer
-  thread ``XADD``s each payload (inline), the main thread ``XREADGROUP``s (COUNT 16) and
+  process ``XADD``s each payload (inline), the main thread ``XREADGROUP``s (COUNT 16) and
   ``XACK``s them; run before and after ours, the better of the two counts. It moves bytes and
   does nothing else: per 1 B/element of int8 read, ours also checks and decodes it (4 B/element
   of fp32), merges, steps, and writes 8 B/element of new state (Θ_p and momentum, fp32).
+
+Both clocks start once the other process is up and connected (its start-up is not timed).
+Every process of the bench (this one and both children) first allocates and frees one 8 MB
+buffer (``warm_malloc``): glibc then serves the 1 MB buffers of payloads from its heap instead of
+mapping fresh, page-faulting memory for each, as it does in any process that has handled large
+arrays already. Without it a fresh producer process moves ~200 MB/s instead of ~450 (measured),
+which would flatter the ratio.
 
 Payload MB/s = contribution payload bytes merged (or moved, for raw) ÷ wall time. Latency of a
 round: from its quorum (when the M-th contribution was admitted; the round record's
@@ -29,8 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing as mp
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,12 +51,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from dd_queue.bus import RedisBus, ops
 from dd_queue.clock import SystemClock
 from dd_queue.config import DDQConfig, validate_config
-from dd_queue.core.codec import CodecSpec, EncodedTensor, encode
+from dd_queue.core.codec import CodecSpec, EncodedTensor, TensorHeader, encode
 from dd_queue.messages import Contribution, GlobalFragment, RoundOpen, RoundRecord
 from dd_queue.synchronizer import ArraySource, Synchronizer
 from tests.redisproc import RedisProcess
 
 MB = 1e6
+
+
+def warm_malloc() -> None:
+    """Free one 8 MB allocation: glibc's mmap threshold rises to 8 MB, so later buffers up to
+    that size come from the heap (no page faults per payload; see the module doc)."""
+    buffer = bytearray(8 << 20)
+    del buffer
 
 
 def config(url: str, args: argparse.Namespace) -> DDQConfig:
@@ -71,19 +86,33 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
     )
 
 
-class Learners(threading.Thread):
+def learners_main(
+    url: str,
+    args: argparse.Namespace,
+    payloads: list[tuple[TensorHeader, bytes]],
+    ready: Any,
+    stop: Any,
+) -> None:
+    """The learners' process: set ``ready`` once connected, answer openings until ``stop``."""
+    warm_malloc()
+    cfg = config(url, args)
+    learners = Learners(cfg, url, [EncodedTensor(h, memoryview(b)) for h, b in payloads])
+    ready.set()
+    learners.run(stop)
+
+
+class Learners:
     """M simulated learners: answer every round opening with M pre-encoded contributions."""
 
     def __init__(self, cfg: DDQConfig, url: str, payloads: list[EncodedTensor]) -> None:
-        super().__init__(daemon=True)
         self.cfg, self.payloads = cfg, payloads
+        self.digest = cfg.run_digest  # a property that hashes the whole config: once
         self.bus = RedisBus(url, cfg.run.run_id, options=cfg.redis.options())
-        self.stop = threading.Event()
-        self.sent_bytes = 0
+        self.bus.get(self.bus.keys.state(0))  # connected
 
-    def run(self) -> None:
+    def run(self, stop: Any) -> None:
         limits, after = self.cfg.wire.message_limits(), "0-0"
-        while not self.stop.is_set():
+        while not stop.is_set():
             for entry in self.bus.read(self.bus.keys.opened_rounds(), after_id=after, block_ms=100):
                 after = entry.id
                 opening = RoundOpen.from_fields(entry.fields, run_id="bench", limits=limits)
@@ -98,7 +127,7 @@ class Learners(threading.Thread):
         for m, encoded in enumerate(self.payloads):
             msg = Contribution(
                 run_id="bench",
-                config_digest=self.cfg.run_digest,
+                config_digest=self.digest,
                 learner_id=f"L{m}",
                 fragment_id=fragment,
                 round_id=round_id,
@@ -109,7 +138,6 @@ class Learners(threading.Thread):
                 created_at_s=time.time(),
             )
             ops.send_contribution(self.bus, msg, encoded, ttl_s=600)
-            self.sent_bytes += encoded.payload.nbytes
 
 
 def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -130,14 +158,19 @@ def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
     bus = RedisBus(url, "bench", options=cfg.redis.options())
     sync = Synchronizer(cfg, bus=bus, clock=SystemClock(), source=source)
     sync.start()
-    learners = Learners(cfg, url, payloads)
+    spawn = mp.get_context("spawn")
+    ready, stop = spawn.Event(), spawn.Event()
+    parts = [(p.header, bytes(p.payload)) for p in payloads]
+    learners = spawn.Process(target=learners_main, args=(url, args, parts, ready, stop))
     learners.start()
+    if not ready.wait(60):
+        raise RuntimeError("the learners' process did not start")
     started = time.perf_counter()
     while time.perf_counter() - started < args.seconds:
         sync.pump(block_ms=50)
     elapsed = time.perf_counter() - started
-    learners.stop.set()
-    learners.join()
+    stop.set()
+    learners.join(30)
     rounds, latencies = merged_rounds(bus, cfg)
     merged_bytes = sum(bus_state_counter(bus, cfg, p, "bytes_in") for p in range(args.fragments))
     sync.close()
@@ -180,21 +213,31 @@ def merged_rounds(bus: RedisBus, cfg: DDQConfig) -> tuple[list[RoundRecord], lis
     return rounds, latencies
 
 
+def produce_raw(url: str, stream: str, payload: bytes, n: int, ready: Any, go: Any) -> None:
+    """The raw producer's process: ``XADD`` ``payload`` ``n`` times once ``go`` is set."""
+    warm_malloc()
+    producer = redis.Redis.from_url(url)
+    producer.ping()
+    ready.set()
+    go.wait()
+    for _ in range(n):
+        producer.xadd(stream, {"m": b"x" * 160, "d": payload})
+    producer.close()
+
+
 def run_raw(url: str, payload: bytes, n: int, tag: str) -> float:
     """MB/s of ``n`` payloads through plain redis-py ``XADD`` (payload inline) and
-    ``XREADGROUP`` + ``XACK``: a producer thread against a consumer (this thread)."""
+    ``XREADGROUP`` + ``XACK``: a producer process against a consumer (this thread)."""
     stream, client = f"raw:{tag}:up", redis.Redis.from_url(url)
     client.xgroup_create(stream, "g", id="0", mkstream=True)
-
-    def produce() -> None:
-        producer = redis.Redis.from_url(url)
-        for _ in range(n):
-            producer.xadd(stream, {"m": b"x" * 160, "d": payload})
-        producer.close()
-
+    spawn = mp.get_context("spawn")
+    ready, go = spawn.Event(), spawn.Event()
+    process = spawn.Process(target=produce_raw, args=(url, stream, payload, n, ready, go))
+    process.start()
+    if not ready.wait(60):
+        raise RuntimeError("the raw producer's process did not start")
     started = time.perf_counter()
-    thread = threading.Thread(target=produce)
-    thread.start()
+    go.set()
     done = 0
     while done < n:
         reply: Any = client.xreadgroup("g", "c", {stream: ">"}, count=16, block=2000)
@@ -205,7 +248,7 @@ def run_raw(url: str, payload: bytes, n: int, tag: str) -> float:
             client.xack(stream, "g", *[entry_id for entry_id, _ in batch])
         done += len(batch)
     elapsed = time.perf_counter() - started
-    thread.join()
+    process.join(30)
     client.delete(stream)
     client.close()
     return n * len(payload) / MB / elapsed
@@ -221,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    warm_malloc()
     wall = time.perf_counter()
     with RedisProcess() as server:
         probe = server.client()

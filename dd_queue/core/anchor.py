@@ -124,7 +124,8 @@ def re_anchor(contrib: ContributionData, ring: VersionRing, *, out: F32 | None =
         raise CoreError(f"{who}: out must be a separate float32 buffer of shape {cur.shape}")
     np.subtract(cur, old, out=dst)
     np.add(dst, contrib.delta, out=dst)
-    anchored = replace(contrib, delta=dst, base_version=now)
+    # the norms (if any) were of the old Δ
+    anchored = replace(contrib, delta=dst, base_version=now, sq_norms=None)
     return Anchoring(who, anchored, f"{who}: re-anchored from v{base} to v{now}")
 
 

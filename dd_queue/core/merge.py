@@ -21,6 +21,11 @@ Speed: no Python loop touches single elements. The flat vector is cut into piece
 ``CHUNK_ELEMENTS`` inside one segment; for each piece every contribution is scaled into a small
 scratch buffer and added to ``out`` while both stay in cache. Squared norms are fp32 dots per piece
 summed in fp64. Contributions with zero weight are never read (so they are not checked for NaN).
+RDA needs every contribution's per-segment norms before it can scale anything, so a merge reads
+each Δ_m twice, the first time only for its norms; a caller that has Δ_m in cache earlier (the
+synchronizer, right after decoding it) computes them then with :func:`segment_sq_norms` and
+passes them as ``ContributionData.sq_norms``: the same function on the same pieces, so the merge
+is bit-identical either way, and reads each Δ_m once.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class ContributionData:
         tokens: Tokens trained since the learner last received this fragment (≥ 0).
         steps: Inner steps over the same span (≥ 0; clamped to ≥ 1 in the weight).
         base_version: Global version of the fragment that Δ_m is measured from.
+        sq_norms: ``segment_sq_norms(delta, fragment)`` computed ahead (float64, one per
+            segment of the fragment merged), or None to compute them in the merge. They must
+            be of this very ``delta``: anything that changes it (re-anchoring) drops them.
     """
 
     learner_id: str
@@ -61,6 +69,7 @@ class ContributionData:
     tokens: int
     steps: int
     base_version: int
+    sq_norms: F64 | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -156,6 +165,7 @@ def merge_fragment(
         learner_ids=ids,
         out=out,
         min_direction_norm=min_direction_norm,
+        sq_norms=[c.sq_norms for c in contribs],
     )
 
 
@@ -168,17 +178,20 @@ def merge_weighted(
     learner_ids: Sequence[str] | None = None,
     out: F32 | None = None,
     min_direction_norm: float = MIN_DIRECTION_NORM,
+    sq_norms: Sequence[F64 | None] | None = None,
 ) -> MergeResult:
     """Merge flat vectors with explicit weights w_m ≥ 0 (only their ratios matter).
 
     Same as :func:`merge_fragment` after the weights are chosen; ``learner_ids`` default to
-    ``"0", "1", ...``.
+    ``"0", "1", ...``; ``sq_norms`` (one per vector, each None or ``segment_sq_norms`` of it)
+    spare the RDA merge its first pass over those vectors.
 
     Raises:
         CoreError: Bad weights, wrong shape/dtype, overlapping ``out``, or non-finite values.
     """
     ids = tuple(learner_ids) if learner_ids is not None else tuple(map(str, range(len(vectors))))
     w, dst = _validated(vectors, weights, ids, rule, out, fragment.size)
+    known = _known_norms(sq_norms, ids, len(fragment.segments))
     total = float(w.sum())
     if total <= 0.0:
         dst.fill(0.0)
@@ -187,7 +200,7 @@ def merge_weighted(
     a = w / total
     with np.errstate(over="ignore", invalid="ignore"):
         fallback, sq = _merge(
-            vectors, a, _Layout.of(fragment.segments, rule), dst, min_direction_norm
+            vectors, a, _Layout.of(fragment.segments, rule), dst, min_direction_norm, known
         )
     if not math.isfinite(sq):
         _raise_non_finite(vectors, a, ids)
@@ -233,16 +246,30 @@ class _Layout:
 
 
 def _merge(
-    vectors: Sequence[F32], a: F64, layout: _Layout, out: F32, min_dir: float
+    vectors: Sequence[F32],
+    a: F64,
+    layout: _Layout,
+    out: F32,
+    min_dir: float,
+    known: Sequence[F64 | None],
 ) -> tuple[list[int], float]:
-    """Fill ``out``; return (fallback segment indices, ‖out‖², NaN if an input is not finite)."""
+    """Fill ``out``; return (fallback segment indices, ‖out‖², NaN if an input is not finite).
+    ``known[m]``: the squared segment norms of ``vectors[m]``, or None to compute them."""
     active = np.flatnonzero(a > 0)
     vs = [vectors[int(i)] for i in active]
     aa = a[active]
     mean_coef = np.repeat(aa[:, None], layout.rda.size, axis=1)  # (M_active, S)
     if not layout.rda.any():
         return [], float(_accumulate(out, vs, mean_coef, layout.pieces, layout.rda.size).sum())
-    norms = np.sqrt(np.stack([_sq_norms(v, layout.pieces, layout.rda.size) for v in vs]))
+    sq_norms = [known[int(i)] for i in active]
+    norms = np.sqrt(
+        np.stack(
+            [
+                _sq_norms(v, layout.pieces, layout.rda.size) if k is None else k
+                for v, k in zip(vs, sq_norms, strict=True)
+            ]
+        )
+    )
     if not np.isfinite(norms).all():
         return [], math.nan
     inv = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
@@ -280,6 +307,23 @@ def _accumulate(
             np.add(dst, tmp, out=dst)
         sq[s] += _sq(dst)
     return sq
+
+
+def segment_sq_norms(delta: F32, fragment: Fragment) -> F64:
+    """‖Δ_s‖² of every segment s of ``fragment`` (float64; NaN/Inf if ``delta`` holds them),
+    exactly as the merge computes them: pass the result as ``ContributionData.sq_norms``.
+
+    Raises:
+        CoreError: ``delta`` is not a float32 vector of the fragment's size.
+    """
+    size = fragment.size
+    if not isinstance(delta, np.ndarray) or delta.dtype != np.float32 or delta.shape != (size,):
+        got = f"{delta.dtype} {delta.shape}" if isinstance(delta, np.ndarray) else type(delta)
+        raise CoreError(f"segment norms need a float32 vector of shape ({size},), got {got}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _sq_norms(
+            delta, _Layout.of(fragment.segments, "mean").pieces, len(fragment.segments)
+        )
 
 
 def _sq_norms(v: F32, pieces: Iterable[tuple[int, int, int]], n_seg: int) -> F64:
@@ -342,6 +386,25 @@ def _validated(
     return w, out
 
 
+def _known_norms(
+    sq_norms: Sequence[F64 | None] | None, ids: Sequence[str], n_seg: int
+) -> list[F64 | None]:
+    """Checked precomputed squared segment norms, one (or None) per contribution."""
+    if sq_norms is None:
+        return [None] * len(ids)
+    if len(sq_norms) != len(ids):
+        raise CoreError(f"{len(sq_norms)} sets of segment norms for {len(ids)} contributions")
+    for who, k in zip(ids, sq_norms, strict=True):
+        if k is not None and (
+            not isinstance(k, np.ndarray) or k.dtype != np.float64 or k.shape != (n_seg,)
+        ):
+            got = f"{k.dtype} {k.shape}" if isinstance(k, np.ndarray) else type(k).__name__
+            raise CoreError(
+                f"segment norms of {who} must be float64 of shape ({n_seg},), got {got}"
+            )
+    return list(sq_norms)
+
+
 def _raise_non_finite(vectors: Sequence[F32], a: F64, ids: Sequence[str]) -> NoReturn:
     for who, v, x in zip(ids, vectors, a, strict=True):
         if x > 0 and not np.isfinite(v).all():
@@ -357,6 +420,7 @@ __all__ = [
     "Rule",
     "merge_fragment",
     "merge_weighted",
+    "segment_sq_norms",
     "token_weights",
     "uniform_weights",
     "weighted_mean",

@@ -109,9 +109,17 @@ def nesterov_step(
 
 def state_to_bytes(state: NesterovState) -> bytes:
     """Serialise: 28-byte header (b"DDQN", then version, step, n as uint64) + n float32, all LE."""
+    return b"".join(state_parts(state))
+
+
+def state_parts(state: NesterovState) -> tuple[bytes, memoryview]:
+    """``state_to_bytes`` as two buffers written back to back: the header, and the momentum
+    buffer's own bytes (a view, not a copy, on a little-endian machine; do not change the
+    buffer while the view is in use)."""
     buf = state.momentum_buffer
     header = _MAGIC + np.array([1, state.step, buf.size], dtype=_LE_U64).tobytes()
-    return header + buf.astype(_LE_F32, copy=False).tobytes()
+    body = np.ascontiguousarray(buf.astype(_LE_F32, copy=False).reshape(-1))
+    return header, body.data.cast("B").toreadonly()
 
 
 def state_from_bytes(data: bytes, *, size: int | None = None) -> NesterovState:

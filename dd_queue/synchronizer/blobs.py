@@ -8,7 +8,10 @@ A crash between staging and the commit leaves the staged blobs of that one versi
 the crashed incarnation's fencing token (noted in ``docs/protocol.md``).
 
 Θ_p blobs use the wire's blob framing with the fp32 codec (learners read them with
-``ops.read_global``, bit-exact); momentum blobs hold ``core.outer.state_to_bytes``.
+``ops.read_global``, bit-exact); momentum blobs hold ``core.outer.state_to_bytes``. Both are a
+short header followed by the array's bytes; for an array from the ``BufferPool`` the header is
+written into the spare bytes in front of it (``buffers.framed``), so the blob goes to the socket
+without being copied; any other array is sent as header + array, which the bus joins (one copy).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from dd_queue.bus import BlobRef, Bus, Lease
 from dd_queue.core.anchor import VersionRing
 from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
 from dd_queue.core.merge import F32
-from dd_queue.core.outer import NesterovState, state_from_bytes, state_to_bytes
+from dd_queue.core.outer import NesterovState, state_from_bytes, state_parts
 from dd_queue.errors import CorruptPayload
 from dd_queue.messages import MessageLimits
+from dd_queue.synchronizer.buffers import framed
 from dd_queue.synchronizer.state import FragmentState, VersionRef
 from dd_queue.wire import blob_parts, unpack_blob
 
@@ -35,8 +39,8 @@ def stage_theta(
 ) -> tuple[VersionRef, TensorHeader]:
     """Write Θ_p(``version``) (exact fp32) under the lease's fencing token, without expiry.
 
-    Zero-copy: the blob's payload is ``theta``'s own memory, handed to the socket as it is
-    (``put_blob`` splits it into chunk views); ``theta`` must not change during the call.
+    Zero-copy for a pooled ``theta`` (module doc): the blob is ``theta``'s own memory with its
+    header in front, handed to the socket as it is; ``theta`` must not change during the call.
 
     Returns:
         The ring entry to commit and the tensor header for the ``GlobalFragment`` notification.
@@ -46,8 +50,8 @@ def stage_theta(
     """
     key = bus.keys.global_blob(fragment_id, version, lease.token)
     encoded = encode_fp32_view(theta)
-    parts = blob_parts(run_id=bus.keys.run_id, blob_key=key, encoded=encoded)
-    ref = bus.put_blob(key, parts, ttl_s=None)
+    prefix, payload = blob_parts(run_id=bus.keys.run_id, blob_key=key, encoded=encoded)
+    ref = bus.put_blob(key, framed(theta, prefix) or [prefix, payload], ttl_s=None)
     blob = ref.to_bytes().decode()
     return VersionRef(version=version, blob=blob, tensor=encoded.header), encoded.header
 
@@ -62,7 +66,8 @@ def stage_momentum(
         LeaseLost: The key already holds another payload (another incarnation's staging).
     """
     key = bus.keys.momentum_blob(fragment_id, version, lease.token)
-    return bus.put_blob(key, state_to_bytes(state), ttl_s=None)
+    header, body = state_parts(state)
+    return bus.put_blob(key, framed(state.momentum_buffer, header) or [header, body], ttl_s=None)
 
 
 def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -> F32:

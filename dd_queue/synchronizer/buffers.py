@@ -11,6 +11,11 @@ merged Δ, and previous Θ_p and momentum after the commit that replaced them, a
 contribution once its successor holds its place. A runtime that is dropped (lost lease, bus
 error) gives nothing back; its arrays are freed as usual. Thread-safe (the fetch thread takes,
 the loop gives back).
+
+Every pooled array has ``HEADROOM`` spare bytes in front of it, in the same allocation, so that a
+blob made of a short header and the array's bytes (Θ_p's blob framing, the momentum's header)
+can be written from one contiguous buffer (``framed``) instead of being joined into a 4 B/element
+copy first.
 """
 
 from __future__ import annotations
@@ -19,13 +24,47 @@ import threading
 from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from dd_queue.core.merge import F32
 
-__all__ = ["BufferPool"]
+__all__ = ["HEADROOM", "BufferPool", "framed"]
 
 MAX_FREE_BYTES = 256 << 20
 """Largest total size of the arrays kept for reuse."""
+HEADROOM = 4096
+"""Spare bytes in front of every pooled array (a blob header is a few hundred)."""
+
+
+def framed(array: F32, prefix: bytes) -> memoryview | None:
+    """``prefix`` followed by ``array``'s bytes, as one read-only view: ``prefix`` is written
+    into the spare bytes in front of an array from ``BufferPool.take``. None for any other
+    array, a prefix longer than ``HEADROOM``, or a big-endian machine (then join them as usual).
+    """
+    backing = _backing(array)
+    if backing is None or len(prefix) > HEADROOM or array.dtype != np.dtype("<f4"):
+        return None  # (blobs hold little-endian float32)
+    start = HEADROOM - len(prefix)
+    backing[start:HEADROOM] = np.frombuffer(prefix, dtype=np.uint8)
+    return backing[start:].data.toreadonly()
+
+
+def _backing(array: F32) -> npt.NDArray[np.uint8] | None:
+    """The allocation ``BufferPool.take`` made for ``array`` (None if it made none)."""
+    base = array.base
+    if (
+        isinstance(base, np.ndarray)
+        and base.base is None
+        and base.dtype == np.uint8
+        and base.ndim == 1
+        and array.dtype == np.float32
+        and array.ndim == 1
+        and array.flags.c_contiguous
+        and base.nbytes == HEADROOM + array.nbytes
+        and array.ctypes.data == base.ctypes.data + HEADROOM
+    ):
+        return base
+    return None
 
 
 class BufferPool:
@@ -48,21 +87,20 @@ class BufferPool:
             if free:
                 self._free_bytes -= 4 * size
                 return free.pop()
-        return np.empty(size, dtype=np.float32)
+        array: F32 = np.empty(HEADROOM + 4 * size, dtype=np.uint8)[HEADROOM:].view(np.float32)
+        return array
 
     def give(self, arrays: Iterable[F32]) -> None:
         """Keep arrays for reuse. The caller must hold no other reference that is still used;
-        views, read-only and non-float32 arrays, and sizes never taken, are ignored."""
+        arrays the pool did not make (views of them included), read-only ones, and sizes never
+        taken, are ignored."""
         with self._lock:
             for a in arrays:
                 free = self._free.get(a.size)
                 reusable = (
                     free is not None
                     and all(a is not b for b in free)  # given twice: keep it once
-                    and a.base is None
-                    and a.dtype == np.float32
-                    and a.ndim == 1
-                    and a.flags.c_contiguous
+                    and _backing(a) is not None
                     and a.flags.writeable
                 )
                 if (

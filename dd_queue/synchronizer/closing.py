@@ -65,6 +65,7 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
             tokens=h.msg.n_tokens,
             steps=h.msg.n_steps,
             base_version=h.msg.base_version,
+            sq_norms=h.sq_norms,
         )
         for h in held
     ]

@@ -75,7 +75,7 @@ def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Re
         settle(rt, entry.id, "", rt.round.round_id, "dropped", "trimmed while pending", None)
         return None
     try:
-        msg, delta = read(entry)
+        msg, delta, sq_norms = read(entry)
     except BlobMissing as exc:
         # A duplicate or late entry may name a payload its merged twin's commit deleted:
         # settle it by its admission outcome; an entry that could still merge is lost.
@@ -113,7 +113,7 @@ def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Re
             old.blob,
             old.blob.nbytes,
         )
-    rt.held[msg.learner_id] = Held(entry=entry, msg=msg, delta=delta, blob=ref)
+    rt.held[msg.learner_id] = Held(entry=entry, msg=msg, delta=delta, blob=ref, sq_norms=sq_norms)
     if old is not None:
         ctx.buffers.give([old.delta])  # its successor holds its place
     _log_admission(rt, admission)

@@ -1,9 +1,12 @@
 """Reading contributions ahead of the loop that admits them: fetched here, decoded on a worker.
 
 Reading one contribution (``ops.read_contribution``) is a GET of its payload, then checks, a
-CRC-32 and a dequantisation into float32. The last two run outside the GIL (zlib, numpy) and
-take most of the time, so a ``Prefetcher`` runs ``read_contribution`` for the next entries on a
-worker thread while the synchronizer's loop admits, merges and commits the ones before them.
+CRC-32 and a dequantisation into float32; for an RDA merge, the decoded vector's per-segment
+squared norms follow (``core.merge.segment_sq_norms``) while it is still in cache, so the merge
+reads it once instead of twice (once from memory just for the norms). All but the GET run
+outside the GIL (zlib, numpy) and take most of the time, so a ``Prefetcher`` runs them for the
+next entries on a worker thread while the synchronizer's loop admits, merges and commits the
+ones before them.
 The GET itself is made on the loop's thread, when an entry enters the read-ahead window, and
 handed to the worker's ``read_contribution`` in place of the bus's ``get_blob``: a GET holds
 and releases the GIL dozens of times per MB (socket reads, reply parsing), and from a second
@@ -23,6 +26,7 @@ it.
 
 Without a worker (``threads=0``: ``MemoryBus`` and the deterministic in-process runner), an
 entry is read when its result is asked for: the same calls in the same order as a plain loop.
+Both ways run the same ``_read_now`` (read, decode, norms), so results are bit-identical.
 
 Memory: at most ``window`` entries, and at most ``window_bytes`` of decoded float32, are read
 ahead of the loop; further submitted entries wait (as references) for their turn.
@@ -34,20 +38,32 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from dd_queue.bus import BlobRef, Bus, Entry, ops
-from dd_queue.core.merge import F32
+from dd_queue.core.fragments import Fragment
+from dd_queue.core.merge import F32, F64, segment_sq_norms
 from dd_queue.errors import DDQError
 from dd_queue.messages import Contribution
 from dd_queue.synchronizer.context import Context
 
-__all__ = ["Prefetcher", "Read"]
+__all__ = ["Decoded", "Prefetcher", "Read"]
 
 log = logging.getLogger("dd_queue.synchronizer")
 
-Read = Callable[[Entry], tuple[Contribution, F32]]
-"""Reads one ``up`` entry: ``ops.read_contribution``'s result, or its exception."""
+
+class Decoded(NamedTuple):
+    """One read ``up`` entry: ``ops.read_contribution``'s message and decoded Δ, and Δ's
+    squared segment norms (``segment_sq_norms``; None for a mean merge, or a Δ of another
+    size, which admission refuses)."""
+
+    msg: Contribution
+    delta: F32
+    sq_norms: F64 | None
+
+
+Read = Callable[[Entry], Decoded]
+"""Reads one ``up`` entry: its ``Decoded``, or ``ops.read_contribution``'s exception."""
 
 WINDOW = 16
 """Most entries read ahead."""
@@ -84,8 +100,9 @@ class Prefetcher:
             if threads
             else None
         )
-        self._waiting: OrderedDict[_Key, tuple[Entry, int]] = OrderedDict()  # entry, elements
-        self._started: dict[_Key, tuple[Future[tuple[Contribution, F32]], int]] = {}
+        self._norms = ctx.sync.merge_rule == "rda"
+        self._waiting: OrderedDict[_Key, tuple[Entry, Fragment]] = OrderedDict()
+        self._started: dict[_Key, tuple[Future[Decoded], int]] = {}  # read, decoded bytes
         self._started_bytes = 0
 
     @property
@@ -93,28 +110,28 @@ class Prefetcher:
         """Whether entries are read on a worker thread."""
         return self._pool is not None
 
-    def submit(self, entries: Iterable[Entry], *, elements: int) -> None:
+    def submit(self, entries: Iterable[Entry], *, fragment: Fragment) -> None:
         """Queue entries to read ahead, in this order (a no-op without a worker).
 
         Args:
             entries: Entries the loop will ask for (not deleted, not yet offered).
-            elements: Elements of one decoded contribution of theirs (bounds memory).
+            fragment: Their fragment (its size bounds memory; its segments, the norms).
         """
         if self._pool is None:
             return
         for entry in entries:
             key = (entry.stream, entry.id)
             if key not in self._started:
-                self._waiting[key] = (entry, elements)
+                self._waiting[key] = (entry, fragment)
         self._top_up()
 
-    def read(self, entry: Entry, *, elements: int) -> tuple[Contribution, F32]:
+    def read(self, entry: Entry, *, fragment: Fragment) -> Decoded:
         """The entry's contribution: read ahead if it was, else read now on this thread.
 
         Args:
             entry: The entry.
-            elements: The fragment's size: a payload of that size is decoded into a pooled
-                array (``ctx.buffers``; give it back when done with it).
+            fragment: Its fragment: a payload of its size is decoded into a pooled array
+                (``ctx.buffers``; give it back when done with it).
 
         Raises:
             What ``ops.read_contribution`` raises for it.
@@ -124,7 +141,7 @@ class Prefetcher:
         self._waiting.pop(key, None)
         if started is None:
             self._top_up()
-            return self._read_now(entry, self._ctx.bus, elements)
+            return self._read_now(entry, self._ctx.bus, fragment)
         future, nbytes = started
         self._started_bytes -= nbytes
         self._top_up()
@@ -154,10 +171,11 @@ class Prefetcher:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _read_now(self, entry: Entry, bus: Bus, elements: int) -> tuple[Contribution, F32]:
-        """``ops.read_contribution``, into a pooled array when the payload has ``elements``
-        (another size is left to it, and refused by the caller as incompatible, as before)."""
-        ctx = self._ctx
+    def _read_now(self, entry: Entry, bus: Bus, fragment: Fragment) -> Decoded:
+        """``ops.read_contribution``, into a pooled array when the payload has the fragment's
+        size (another size is left to it, and refused by the caller as incompatible, as
+        before), then the norms of the decoded Δ while it is in cache."""
+        ctx, elements = self._ctx, fragment.size
         out = None
         try:
             msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
@@ -169,7 +187,13 @@ class Prefetcher:
             if header.n_elements == elements and not zero_copy:  # fp32 decodes to a view
                 out = ctx.buffers.take(elements)
         try:
-            return ops.read_contribution(bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out)
+            msg, delta = ops.read_contribution(
+                bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out
+            )
+            norms = None
+            if self._norms and delta.size == elements:
+                norms = segment_sq_norms(delta, fragment)
+            return Decoded(msg, delta, norms)
         except BaseException:
             if out is not None:
                 ctx.buffers.give([out])
@@ -178,13 +202,13 @@ class Prefetcher:
     def _top_up(self) -> None:
         pool = self._pool
         while pool is not None and self._waiting and len(self._started) < self._window:
-            key, (entry, elements) = next(iter(self._waiting.items()))
-            nbytes = 4 * elements
+            key, (entry, fragment) = next(iter(self._waiting.items()))
+            nbytes = 4 * fragment.size
             if self._started and self._started_bytes + nbytes > self._window_bytes:
                 return
             del self._waiting[key]
             bus = self._fetched(entry)
-            self._started[key] = (pool.submit(self._read_now, entry, bus, elements), nbytes)
+            self._started[key] = (pool.submit(self._read_now, entry, bus, fragment), nbytes)
             self._started_bytes += nbytes
 
     def _fetched(self, entry: Entry) -> Bus:

@@ -18,7 +18,7 @@ import numpy as np
 from dd_queue.bus import BlobRef, CommitOp, Entry, Lease, SetOp, ops
 from dd_queue.core.anchor import VersionRing
 from dd_queue.core.fragments import Fragment, FragmentPlan, flatten_fragment
-from dd_queue.core.merge import F32
+from dd_queue.core.merge import F32, F64
 from dd_queue.core.outer import NesterovState
 from dd_queue.core.policy import Decision
 from dd_queue.core.rounds import RoundState
@@ -43,12 +43,14 @@ log = logging.getLogger("dd_queue.synchronizer")
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Held:
-    """An admitted contribution, decoded, waiting for its fragment's merge."""
+    """An admitted contribution, decoded, waiting for its fragment's merge (``sq_norms``: its
+    delta's squared segment norms, computed when it was decoded; None: the merge computes them)."""
 
     entry: Entry
     msg: Contribution
     delta: F32
     blob: BlobRef
+    sq_norms: F64 | None = None
 
 
 @dataclass(frozen=True, slots=True)

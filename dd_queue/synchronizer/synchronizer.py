@@ -401,7 +401,7 @@ class Synchronizer:
         for stream in dict.fromkeys(e.stream for e in entries):
             if (rt := by_stream.get(stream)) is not None:
                 todo = to_read(rt, (e for e in entries if e.stream == stream))
-                self._prefetch.submit(todo, elements=rt.fragment.size)
+                self._prefetch.submit(todo, fragment=rt.fragment)
 
     def _intake(self) -> None:
         """Admit the queued entries, stream by stream, deciding each fragment as soon as its
@@ -440,9 +440,9 @@ class Synchronizer:
     ) -> None:
         at = self.ctx.clock.now() if now is None else now
         prefetch = self._prefetch
-        prefetch.submit(to_read(rt, entries), elements=rt.fragment.size)
+        prefetch.submit(to_read(rt, entries), fragment=rt.fragment)
         try:
-            read = functools.partial(prefetch.read, elements=rt.fragment.size)
+            read = functools.partial(prefetch.read, fragment=rt.fragment)
             rejected = admit_entries(self.ctx, rt, entries, at, read)
         finally:
             prefetch.discard(entries)  # those it did not read (seen before, or an error)

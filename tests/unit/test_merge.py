@@ -23,6 +23,7 @@ from dd_queue.core.merge import (
     Rule,
     merge_fragment,
     merge_weighted,
+    segment_sq_norms,
     token_weights,
     weighted_mean,
 )
@@ -278,6 +279,58 @@ def test_huge_but_finite_values_do_not_count_as_overflow() -> None:
     assert result.delta_norm == pytest.approx(2e20, rel=1e-6)
 
 
+@PROPS
+@given(rounds(), st.sampled_from(BOTH), st.data())
+def test_precomputed_segment_norms_give_a_bit_identical_merge(
+    data: Round, rule: Rule, draw: st.DataObject
+) -> None:
+    fragment, vectors, weights = data
+    norms = [segment_sq_norms(v, fragment) for v in vectors]
+    # Some contributions bring their norms, the others leave them to the merge.
+    given_ = [k if draw.draw(st.booleans()) else None for k in norms]
+    a = merge_weighted(vectors, weights, fragment, rule=rule, sq_norms=given_)
+    b = merge_weighted(vectors, weights, fragment, rule=rule)
+    assert a.delta.tobytes() == b.delta.tobytes()
+    assert (a.delta_norm, a.fallback_segments, a.weights) == (
+        b.delta_norm,
+        b.fallback_segments,
+        b.weights,
+    )
+
+
+def test_segment_norms_are_the_squared_norms_of_each_segment() -> None:
+    shapes = {"big": (2 * CHUNK_ELEMENTS + 5,), "embed": (7,), "small": (3,)}
+    fragment = plan_fragments(shapes, 1).fragments[0]
+    v = np.random.default_rng(4).standard_normal(fragment.size).astype(np.float32)
+    expected = [np.sum(v[s.start : s.stop].astype(np.float64) ** 2) for s in fragment.segments]
+    np.testing.assert_allclose(segment_sq_norms(v, fragment), expected, rtol=1e-6)
+    with pytest.raises(CoreError, match="float32 vector"):
+        segment_sq_norms(v[:-1], fragment)
+
+
+def test_non_finite_values_are_rejected_with_precomputed_norms() -> None:
+    fragment = plan_fragments({"w": (4,)}, 1).fragments[0]
+    v, w = np.ones(4, np.float32), np.ones(4, np.float32)
+    w[1] = np.nan
+    contribs = [
+        ContributionData(f"L{m}", x, 10, 1, 0, sq_norms=segment_sq_norms(x, fragment))
+        for m, x in enumerate((v, w))
+    ]
+    with pytest.raises(CoreError, match="L1 has NaN or Inf"):
+        merge_fragment(contribs, fragment, rule="rda")
+
+
+def test_misshapen_precomputed_norms_raise_core_error() -> None:
+    fragment = plan_fragments({"w": (4,), "b": (2,)}, 1).fragments[0]
+    v = np.ones(fragment.size, np.float32)
+    for bad in (np.ones(1), np.ones(2, np.float32), [1.0, 1.0]):
+        contrib = ContributionData("L0", v, 1, 1, 0, sq_norms=bad)  # type: ignore[arg-type]
+        with pytest.raises(CoreError, match="segment norms of L0"):
+            merge_fragment([contrib], fragment)
+    with pytest.raises(CoreError, match="1 sets of segment norms for 2"):
+        merge_weighted([v, v], [1, 1], fragment, sq_norms=[None])
+
+
 # ---------------------------------------------------------------------------------------------
 # Invalid input
 # ---------------------------------------------------------------------------------------------
@@ -375,6 +428,17 @@ def test_re_anchor_moves_the_delta_to_the_current_version() -> None:
         re_anchor(stale, ring, out=stale.delta)  # Θ(now) − Θ(b) would overwrite Δ first
     current = ContributionData("L0", stale.delta, 10, 2, base_version=2)
     assert re_anchor(current, ring).contribution is current
+
+
+def test_re_anchoring_drops_the_norms_of_the_old_delta() -> None:
+    theta = {v: np.full(3, float(v), np.float32) for v in range(2)}
+    ring = _ring_with(theta, capacity=2)
+    norms = np.array([3.0])
+    stale = ContributionData("L0", np.ones(3, np.float32), 1, 1, base_version=0, sq_norms=norms)
+    moved = re_anchor(stale, ring).contribution
+    assert moved is not None and moved.sq_norms is None
+    current = ContributionData("L0", np.ones(3, np.float32), 1, 1, base_version=1, sq_norms=norms)
+    assert re_anchor(current, ring).contribution is current  # unchanged Δ keeps its norms
 
 
 def test_too_stale_or_future_contributions_are_dropped_with_a_reason() -> None:

@@ -14,6 +14,7 @@ import pytest
 from dd_queue.bus import MemoryBus
 from dd_queue.clock import FakeClock
 from dd_queue.core.fragments import flatten_fragment
+from dd_queue.core.merge import segment_sq_norms
 from dd_queue.errors import ConfigError, CorruptPayload, DDQError
 from dd_queue.faults import FaultInjector
 from dd_queue.synchronizer import ArraySource, FragmentState, Synchronizer, plan_of
@@ -195,6 +196,53 @@ def test_k_equals_m_equal_tokens_mean_sgd_gives_the_mean_model(bus, clock):
     [record] = records(bus, cfg, 0)
     assert [c.weight for c in record.contributors] == pytest.approx([1 / 3] * 3)
     assert "all live learners contributed" in record.reason
+
+
+@pytest.mark.parametrize("rule", ["rda", "mean"])
+def test_reading_ahead_on_a_worker_merges_bit_identically_to_reading_inline(rule):
+    """The fetch thread (RedisBus default) and inline reads (MemoryBus, runner) decode and take
+    the segment norms with the same code: the same Θ_p and momentum, bit for bit, including a
+    re-anchored contribution (whose norms are recomputed by the merge)."""
+    results = []
+    for threads in (0, 1):
+        clock = FakeClock(1000.0)
+        bus = MemoryBus("t", clock=clock)
+        cfg = make_config(quorum=2, merge_rule=rule, outer_momentum=0.9, wire__codec="int8")
+        for learner in ("L0", "L1"):
+            beat(bus, cfg, learner)
+        sync = new_sync(bus, clock, cfg, fetch_threads=threads)
+        assert sync._prefetch.threaded == bool(threads)
+        rng = np.random.default_rng(5)
+        fragment = sync.fragments[0].fragment
+        for step, bases in enumerate([(0, 0), (1, 0), (2, 2)]):
+            r = open_round(sync, clock, 0)
+            for learner, base in zip(("L0", "L1"), bases, strict=True):
+                delta = (rng.standard_normal(fragment.size) * 0.01).astype(np.float32)
+                contribute(
+                    bus,
+                    cfg,
+                    learner_id=learner,
+                    fragment_id=0,
+                    round_id=r,
+                    base_version=base,
+                    delta=delta,
+                    n_tokens=400 + 100 * step,
+                )
+                sync.pump()
+                if learner == "L0":  # held, its norms taken when it was decoded (RDA only)
+                    [held] = sync.fragments[0].held.values()
+                    if rule == "mean":
+                        assert held.sq_norms is None
+                    else:
+                        assert held.sq_norms is not None
+                        expected = segment_sq_norms(held.delta, fragment)
+                        assert held.sq_norms.tobytes() == expected.tobytes()
+            assert sync.versions()[0] == step + 1
+        rt = sync.fragments[0]
+        results.append((rt.theta.tobytes(), rt.momentum.momentum_buffer.tobytes()))
+        assert [len(rec.contributors) for rec in records(bus, cfg, 0)] == [2, 2, 2]
+        sync.close()
+    assert results[0] == results[1]
 
 
 # ── quorum and grace window ────────────────────────────────────────────────────────────────
