@@ -44,6 +44,8 @@ def test_ddq_up_demo_learns(tmp_path: Path) -> None:
     assert summary["loss_fell"] is True, summary
     assert summary["contributed"] == ["L0", "L1", "L2"], summary
     assert summary["stopped_by"] == "duration"
+    assert 0.5 < summary["goodput"] <= 1.0 and 0.5 < summary["uptime"] <= 1.0, summary
+    assert any(line.startswith("ddq up: redis server ") for line in out), "which Redis: not said"
     run_dir = Path(summary["run_dir"])
     assert (run_dir / "appendonlydir").is_dir(), "Redis AOF not in the run dir"
     for name in ("synchronizer", "L0", "L1", "L2", "evaluator", "control"):

@@ -161,9 +161,7 @@ def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
         server: RedisProcess = request.getfixturevalue(fixture)
         _flush(server)
         options = RedisOptions(blob_chunk_bytes=CHUNK_BYTES, unavailable_after_s=5.0)
-        case = BusCase(
-            request.param, RedisBus(server.url, run_id, options=options), None, server
-        )
+        case = BusCase(request.param, RedisBus(server.url, run_id, options=options), None, server)
     try:
         yield case
     finally:
