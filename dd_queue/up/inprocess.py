@@ -45,7 +45,6 @@ from dd_queue.learner.dist import SingleProcess
 from dd_queue.learner.service import KILLED_EXIT_CODE, PumpThreads, TwoStageStop, train
 from dd_queue.synchronizer.service import pump_until
 from dd_queue.synchronizer.synchronizer import Synchronizer
-from dd_queue.up.display import Display
 from dd_queue.up.procs import RESTART_BACKOFF_S
 from dd_queue.up.progress import RunWatch
 from dd_queue.up.run import (
@@ -58,6 +57,7 @@ from dd_queue.up.run import (
     make_run_dir,
     pick_port,
     start_chaos,
+    watch_until_done,
 )
 from dd_queue.up.summary import Summary
 
@@ -392,17 +392,9 @@ def run_in_process(cfg: DDQConfig, opts: UpOptions, *, environ: Mapping[str, str
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)  # the roles share the cores; one intra-op thread each
     run = _InProcess(cfg, opts, run_dir)
-    started = time.monotonic()
     try:
         run.start()
-        with Display(run.watch, duration_s=opts.duration_s, every_s=opts.progress_s) as display:
-            while not signals.stop.is_set():
-                run.tick(started, display.note)
-                display.update()
-                if opts.duration_s and run.summary.wall_s >= opts.duration_s:
-                    break
-                signals.stop.wait(0.5)
-        run.summary.stopped_by = "signal" if signals.stop.is_set() else "duration"
+        watch_until_done(run, opts, signals)
     finally:
         try:
             run.stop(signals)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 from dd_queue.bus import RedisBus
 from dd_queue.config import DDQConfig
@@ -235,6 +236,28 @@ class _Up:
         self.bus.close()
 
 
+class Watched(Protocol):
+    """A started run that ``watch_until_done`` can drive (``_Up``, the in-process run)."""
+
+    summary: Summary
+    watch: RunWatch
+
+    def tick(self, started: float, note: Callable[[str], None]) -> None: ...
+
+
+def watch_until_done(run: Watched, opts: UpOptions, signals: _Signals) -> None:
+    """Tick and show ``run`` until ``opts.duration_s`` or a signal; records which stopped it."""
+    started = time.monotonic()
+    with Display(run.watch, duration_s=opts.duration_s, every_s=opts.progress_s) as display:
+        while not signals.stop.is_set():
+            run.tick(started, display.note)
+            display.update()
+            if opts.duration_s and run.summary.wall_s >= opts.duration_s:
+                break
+            signals.stop.wait(0.5)
+    run.summary.stopped_by = "signal" if signals.stop.is_set() else "duration"
+
+
 def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, str]) -> Summary:
     """Start everything, watch until the duration or a signal, stop, and return the summary.
 
@@ -257,17 +280,9 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
         },
     )
     up = _Up(cfg, opts, redis, env)
-    started = time.monotonic()
     try:
         up.start()
-        with Display(up.watch, duration_s=opts.duration_s, every_s=opts.progress_s) as display:
-            while not signals.stop.is_set():
-                up.tick(started, display.note)
-                display.update()
-                if opts.duration_s and up.summary.wall_s >= opts.duration_s:
-                    break
-                signals.stop.wait(0.5)
-        up.summary.stopped_by = "signal" if signals.stop.is_set() else "duration"
+        watch_until_done(up, opts, signals)
     finally:
         up.stop(signals)
         redis.stop()
