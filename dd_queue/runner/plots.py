@@ -6,35 +6,14 @@ raises a ``ConfigError`` that says so.
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from dd_queue.errors import ConfigError
+from dd_queue.plotting import matplotlib_available, pyplot
 from dd_queue.runner.result import RunResult
 
 __all__ = ["matplotlib_available", "plot_experiment"]
-
-
-def matplotlib_available() -> bool:
-    """Whether matplotlib can be imported."""
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def _pyplot() -> Any:
-    if not matplotlib_available():
-        raise ConfigError(
-            "plots need matplotlib, which is not installed: pip install 'dd_queue[plots]' "
-            "(or pip install matplotlib), or pass --no-plot"
-        )
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_experiment(runs: Sequence[RunResult], path: Path, *, title: str = "") -> Path:
@@ -44,7 +23,7 @@ def plot_experiment(runs: Sequence[RunResult], path: Path, *, title: str = "") -
     Raises:
         ConfigError: matplotlib is missing.
     """
-    plt = _pyplot()
+    plt = pyplot("pass --no-plot")
     vision = any(r.final.accuracy is not None for r in runs)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110, sharey=True)
     for run in runs:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from dd_queue.errors import ConfigError
+from dd_queue.plotting import matplotlib_available, pyplot
 from dd_queue.sim.regimes import RegimeResult
 from dd_queue.sim.timeline import KIND_TRAINING, KIND_WAITING, GroupTimeline
 
@@ -30,32 +30,13 @@ _COLOURS = {
 }
 
 
-def matplotlib_available() -> bool:
-    """Whether matplotlib can be imported."""
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def _pyplot() -> Any:
-    if not matplotlib_available():
-        raise ConfigError(
-            "plots need matplotlib, which is not installed: pip install 'dd_queue[plots]' "
-            "(or pip install matplotlib), or leave out --plot"
-        )
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_goodput_vs_chips(rows: Sequence[tuple[int, RegimeResult]], path: Path) -> Path:
     """Goodput vs chips per regime and M; writes ``path`` (PNG) and returns it.
 
     Raises:
         ConfigError: If matplotlib is missing.
     """
-    plt = _pyplot()
+    plt = pyplot("leave out --plot")
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     labels = list(dict.fromkeys(r.label for _, r in rows))
     for label in labels:
@@ -85,7 +66,7 @@ def plot_timeline(
     rows = [(r.label, tl) for r in results for tl in r.timelines]
     if not rows:
         raise ConfigError("no timelines to plot: simulate with keep_timelines=True")
-    plt = _pyplot()
+    plt = pyplot("leave out --plot")
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.4), dpi=120)
     for y, (_, tl) in enumerate(reversed(rows)):
         _draw_group(ax, y, tl, window_s)
