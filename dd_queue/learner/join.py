@@ -14,7 +14,7 @@ gives up. (A lease would close the race completely; heartbeats keep the key tabl
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dd_queue.bus import Bus
@@ -86,20 +86,20 @@ def confirm_owner(bus: Bus, identity: Identity, *, limits: MessageLimits) -> Non
 
 def check_run_state(
     bus: Bus, plan: FragmentPlan, *, config_digest: str, limits: MessageLimits
-) -> int:
+) -> dict[int, FragmentState]:
     """Compare this learner's plan and config digest with each fragment's committed state.
 
     A fragment without ``state`` (a synchronizer that keeps none, such as a test stand-in) is
     skipped; the element counts of the global fragments are checked on load regardless.
 
     Returns:
-        How many fragment states were checked.
+        The fragment states that were checked, by fragment id.
 
     Raises:
         ConfigError: Another fragment plan, or another config digest (the synchronizer would
             dead-letter every contribution of this learner).
     """
-    checked = 0
+    checked: dict[int, FragmentState] = {}
     for p in range(plan.n_fragments):
         raw = bus.get(bus.keys.state(p))
         if raw is None:
@@ -118,7 +118,7 @@ def check_run_state(
                 "run's model and synchronizer settings (the run digest covers the run id, the "
                 "model shape, n_fragments, sync_every_steps, schedule, embedding patterns)"
             )
-        checked += 1
+        checked[p] = state
     return checked
 
 
@@ -153,7 +153,7 @@ def register_and_wait(
         pump.deregister()  # the id was ours (checked above): free it at once
         raise
     confirm_owner(bus, identity, limits=limits)
-    check_run_state(bus, plan, config_digest=config_digest, limits=limits)
+    states = check_run_state(bus, plan, config_digest=config_digest, limits=limits)
     follower.start_at_latest(follower.control)
     openings = follower.scan_opens()  # the position ends at the newest opening
     if not pump.settings.request_rounds:
@@ -162,33 +162,27 @@ def register_and_wait(
         return initial
     # Synchronizer-paced: answer the rounds that are open now, not only those opened after we
     # joined (else a round opened just before waits its whole timeout for us).
-    for fragment_id, round_id in still_open(bus, openings, limits=limits).items():
+    for fragment_id, round_id in still_open(openings, states).items():
         rounds.announce(fragment_id, round_id, request=True)
     return initial
 
 
-def still_open(bus: Bus, openings: Sequence[RoundOpen], *, limits: MessageLimits) -> dict[int, int]:
-    """Fragment → its newest opened round that no merge has closed yet (its ``state`` says
-    which round it merged last). An abandoned round may be named: the learner's contribution
-    to it is then settled with a reason, nothing worse."""
+def still_open(
+    openings: Sequence[RoundOpen], states: Mapping[int, FragmentState]
+) -> dict[int, int]:
+    """Fragment → its newest opened round that no merge has closed yet (``states``: the
+    fragments' committed states; one without a state, or without a merge yet, counts as open).
+    An abandoned round may be named: the learner's contribution to it is then settled with a
+    reason, nothing worse."""
     newest: dict[int, int] = {}
     for opening in openings:
         newest[opening.fragment_id] = max(newest.get(opening.fragment_id, -1), opening.round_id)
-    found = {}
-    for p, round_id in sorted(newest.items()):
-        raw = bus.get(bus.keys.state(p))
-        state = (
-            None
-            if raw is None
-            else FragmentState.from_bytes(raw, run_id=bus.keys.run_id, limits=limits)
-        )
-        if (
-            state is None
-            or state.last_merged_round_id is None
-            or round_id > state.last_merged_round_id
-        ):
-            found[p] = round_id
-    return found
+    merged = {p: state.last_merged_round_id for p, state in states.items()}
+    return {
+        p: round_id
+        for p, round_id in sorted(newest.items())
+        if (last := merged.get(p)) is None or round_id > last
+    }
 
 
 def wait_for_globals(

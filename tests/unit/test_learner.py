@@ -386,3 +386,22 @@ def test_max_steps_stops():
     assert not rig.learner.step().stop
     assert rig.learner.step().stop
     assert rig.learner.step().action == "finished"
+
+
+def test_still_open_names_the_newest_round_of_each_fragment_not_yet_merged():
+    from types import SimpleNamespace
+
+    from dd_queue.learner.join import still_open
+    from dd_queue.messages import RoundOpen
+
+    def opening(p: int, r: int) -> RoundOpen:
+        return RoundOpen(run_id="t", fragment_id=p, round_id=r, opened_at_s=0.0, reason="x")
+
+    openings = [opening(0, 4), opening(1, 5), opening(0, 8), opening(2, 6), opening(1, 9)]
+    states = {
+        0: SimpleNamespace(last_merged_round_id=8),  # round 8 merged: nothing open
+        1: SimpleNamespace(last_merged_round_id=5),  # 9 is newer than the last merge
+        2: SimpleNamespace(last_merged_round_id=None),  # never merged
+    }
+    assert still_open(openings, states) == {1: 9, 2: 6}  # type: ignore[arg-type]
+    assert still_open(openings, {}) == {0: 8, 1: 9, 2: 6}  # no states: all open
