@@ -341,3 +341,27 @@ def test_check_header_accepts_what_encode_produces() -> None:
         header = encode(np.ones(300, np.float32), CodecSpec(codec)).header
         check_header(header, LIMITS)
         assert isinstance(header, TensorHeader) and header.dtype == "float32"
+
+
+# ----------------------------------------------------------------------------- checksum
+
+
+@given(data=st.binary(max_size=5000), seed=st.integers(0, 2**32 - 1))
+def test_checksum_is_zlibs_crc32(data: bytes, seed: int) -> None:
+    """The fast CRC-32 gives zlib's values (payloads of any sender stay valid)."""
+    import zlib
+
+    from dd_queue.core import codec
+
+    assert codec._crc32(data, seed) == zlib.crc32(data, seed)
+    assert codec._crc32(memoryview(data), seed) == zlib.crc32(data, seed)
+
+
+def test_checksum_uses_isal_where_installed() -> None:
+    """isal is a dependency on the platforms with wheels: the slow fallback must not hide."""
+    pytest.importorskip("isal", reason="no isal wheel on this platform: zlib's crc32 is used")
+    from isal import isal_zlib
+
+    from dd_queue.core import codec
+
+    assert codec._crc32 is isal_zlib.crc32
