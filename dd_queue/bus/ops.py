@@ -149,6 +149,7 @@ def read_contribution(
     run_id: str,
     limits: MessageLimits,
     out: Float32Array | None = None,
+    parsed: Contribution | None = None,
 ) -> tuple[Contribution, Float32Array]:
     """Validate an ``up`` entry, fetch its blob and decode it (into ``out`` when given).
 
@@ -160,6 +161,8 @@ def read_contribution(
         run_id: The reader's run.
         limits: Envelope, blob and tensor limits (``WireConfig.message_limits()``).
         out: Writable, C-contiguous float32 buffer of the fragment's size to decode into.
+        parsed: ``Contribution.from_fields(entry.fields, run_id=run_id, limits=limits)``, if
+            the caller made it already (to choose ``out``); it is not parsed again.
 
     Returns:
         The message and the decoded outer gradient (``out`` itself when given).
@@ -170,7 +173,7 @@ def read_contribution(
         BlobMissing: The payload expired or was never written; the contribution is lost.
         CoreError: ``out`` is not a writable, C-contiguous float32 array (a caller bug).
     """
-    msg = Contribution.from_fields(entry.fields, run_id=run_id, limits=limits)
+    msg = parsed or Contribution.from_fields(entry.fields, run_id=run_id, limits=limits)
     _check_stream(entry, bus.keys.up(msg.fragment_id))
     try:
         expected_key = bus.keys.up_blob(msg.fragment_id, msg.round_id, msg.learner_id)

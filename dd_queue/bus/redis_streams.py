@@ -74,6 +74,7 @@ class RedisBus(RedisGroupOps, RedisKeyValueOps):
     ) -> None:
         opts = options or RedisOptions()
         self._setup(run_id, Connections.from_url(url, opts), opts, clock)
+        self._url: str | None = url
 
     @classmethod
     def from_clients(
@@ -109,6 +110,7 @@ class RedisBus(RedisGroupOps, RedisKeyValueOps):
         )
         bus = cls.__new__(cls)
         bus._setup(run_id, conns, opts, clock)
+        bus._url = None
         return bus
 
     def _setup(
@@ -123,6 +125,16 @@ class RedisBus(RedisGroupOps, RedisKeyValueOps):
     @property
     def keys(self) -> Keys:
         return self._keys
+
+    @property
+    def url(self) -> str | None:
+        """The server's URL, to connect another process to it (None: injected clients)."""
+        return self._url
+
+    @property
+    def options(self) -> RedisOptions:
+        """The client options this bus was made with."""
+        return self._options
 
     @property
     def blob_chunk_bytes(self) -> int:

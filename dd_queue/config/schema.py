@@ -331,6 +331,13 @@ class SynchronizerConfig(_Section):
     eval_interval_s: float = Field(
         60.0, gt=0, description="Seconds between evaluations of the global model (evaluator)."
     )
+    fetch_processes: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Child processes that fetch and decode contributions (Linux, Redis; 0 = a "
+        "thread of the synchronizer's own process).",
+    )
 
     def policy_params(self) -> PolicyParams:
         """The core policy's knobs, which mirror this section's field names."""

@@ -16,12 +16,15 @@ Every pooled array has ``HEADROOM`` spare bytes in front of it, in the same allo
 blob made of a short header and the array's bytes (Θ_p's blob framing, the momentum's header)
 can be written from one contiguous buffer (``framed``) instead of being joined into a 4 B/element
 copy first.
+
+The pool allocates on the heap, or with another allocator (``allocate_with``): fetch processes
+decode into arrays in shared memory (``dd_queue.fetchers.shared_bytes``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -54,7 +57,6 @@ def _backing(array: F32) -> npt.NDArray[np.uint8] | None:
     base = array.base
     if (
         isinstance(base, np.ndarray)
-        and base.base is None
         and base.dtype == np.uint8
         and base.ndim == 1
         and array.dtype == np.float32
@@ -65,6 +67,10 @@ def _backing(array: F32) -> npt.NDArray[np.uint8] | None:
     ):
         return base
     return None
+
+
+def _heap(nbytes: int) -> npt.NDArray[np.uint8]:
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 class BufferPool:
@@ -79,6 +85,16 @@ class BufferPool:
         self._free_bytes = 0
         self._max_free_bytes = max_free_bytes
         self._lock = threading.Lock()
+        self._allocate: Callable[[int], npt.NDArray[np.uint8]] = _heap
+
+    def allocate_with(self, allocate: Callable[[int], npt.NDArray[np.uint8]]) -> None:
+        """Make new arrays from ``allocate(nbytes)`` (a writable uint8 array of that size);
+        the arrays kept for reuse so far are dropped, so every array taken from now on is one
+        of ``allocate``'s."""
+        with self._lock:
+            self._allocate = allocate
+            self._free.clear()
+            self._free_bytes = 0
 
     def take(self, size: int) -> F32:
         """A writable, C-contiguous float32 array of ``size`` elements (content undefined)."""
@@ -87,7 +103,8 @@ class BufferPool:
             if free:
                 self._free_bytes -= 4 * size
                 return free.pop()
-        array: F32 = np.empty(HEADROOM + 4 * size, dtype=np.uint8)[HEADROOM:].view(np.float32)
+        backing = self._allocate(HEADROOM + 4 * size)
+        array: F32 = backing[HEADROOM:].view(np.float32)
         return array
 
     def give(self, arrays: Iterable[F32]) -> None:

@@ -28,19 +28,29 @@ Without a worker (``threads=0``: ``MemoryBus`` and the deterministic in-process 
 entry is read when its result is asked for: the same calls in the same order as a plain loop.
 Both ways run the same ``_read_now`` (read, decode, norms), so results are bit-identical.
 
+With fetch processes (``processes > 0``; ``dd_queue.fetchers``, Linux) the GET, the checks, the
+decode and the norms all run in child processes, each with its own interpreter and Redis
+connection, and the child decodes into the very pooled array (in shared memory) that the loop
+then merges from. The loop only sends requests and takes replies, so neither side waits for the
+other's GIL; a reply is what ``_read_now`` returns or raises for the entry (a payload of another
+size is read here, inline). A read that is discarded before its reply keeps its array out of the
+pool (the child may still be writing into it).
+
 Memory: at most ``window`` entries, and at most ``window_bytes`` of decoded float32, are read
 ahead of the loop; further submitted entries wait (as references) for their turn.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, cast
 
-from dd_queue.bus import BlobRef, Bus, Entry, ops
+from dd_queue import fetchers
+from dd_queue.bus import BlobRef, Bus, Entry, RedisBus, ops
 from dd_queue.core.fragments import Fragment
 from dd_queue.core.merge import F32, F64, segment_sq_norms
 from dd_queue.errors import DDQError
@@ -74,11 +84,14 @@ _Key = tuple[str, str]  # (stream, entry id)
 
 
 class Prefetcher:
-    """Reads ``up`` entries ahead of time on ``threads`` workers (0: inline, when asked).
+    """Reads ``up`` entries ahead of time in ``processes`` fetch processes, else on ``threads``
+    worker threads (both 0: inline, when asked).
 
     Args:
-        ctx: The synchronizer's context (bus, run id, limits).
-        threads: Worker threads; 0 reads inline.
+        ctx: The synchronizer's context (bus, run id, limits, Redis settings).
+        threads: Worker threads; 0 reads inline. Ignored when ``processes`` > 0.
+        processes: Fetch processes (``dd_queue.fetchers``; needs a ``RedisBus`` made from a
+            URL, and Linux).
         window: Most entries read ahead.
         window_bytes: Most decoded bytes read ahead.
     """
@@ -88,27 +101,49 @@ class Prefetcher:
         ctx: Context,
         *,
         threads: int,
+        processes: int = 0,
         window: int = WINDOW,
         window_bytes: int = WINDOW_BYTES,
     ) -> None:
-        if threads < 0 or window < 1 or window_bytes < 1:
-            raise ValueError(f"bad prefetch settings: {threads=}, {window=}, {window_bytes=}")
+        if threads < 0 or processes < 0 or window < 1 or window_bytes < 1:
+            raise ValueError(
+                f"bad prefetch settings: {threads=}, {processes=}, {window=}, {window_bytes=}"
+            )
         self._ctx = ctx
         self._window, self._window_bytes = window, window_bytes
-        self._pool = (
-            ThreadPoolExecutor(threads, thread_name_prefix=f"ddq-{ctx.owner}-fetch")
-            if threads
-            else None
-        )
         self._norms = ctx.sync.merge_rule == "rda"
+        self._procs: fetchers.FetchProcesses | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if processes:
+            bus = ctx.bus
+            if not isinstance(bus, RedisBus) or bus.url is None:
+                raise ValueError("fetch processes need a RedisBus made from a URL")
+            self._procs = fetchers.FetchProcesses(
+                processes,
+                url=bus.url,
+                run_id=ctx.run_id,
+                options=bus.options,
+                limits=ctx.limits,
+                norms=self._norms,
+            )
+            ctx.buffers.allocate_with(fetchers.shared_bytes)  # children decode into them
+        elif threads:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"ddq-{ctx.owner}-fetch")
         self._waiting: OrderedDict[_Key, tuple[Entry, Fragment]] = OrderedDict()
-        self._started: dict[_Key, tuple[Future[Decoded], int]] = {}  # read, decoded bytes
+        # a started read and its decoded bytes
+        self._started: dict[_Key, tuple[Future[Decoded] | _InChild, int]] = {}
         self._started_bytes = 0
+        self._tickets = itertools.count()
 
     @property
     def threaded(self) -> bool:
-        """Whether entries are read on a worker thread."""
-        return self._pool is not None
+        """Whether entries are read ahead (on a worker thread or in fetch processes)."""
+        return self._pool is not None or self._procs is not None
+
+    def start(self) -> None:
+        """Start the fetch processes now (else the first read does; they import for ~0.5 s)."""
+        if self._procs is not None:
+            self._procs.start()
 
     def submit(self, entries: Iterable[Entry], *, fragment: Fragment) -> None:
         """Queue entries to read ahead, in this order (a no-op without a worker).
@@ -117,7 +152,7 @@ class Prefetcher:
             entries: Entries the loop will ask for (not deleted, not yet offered).
             fragment: Their fragment (its size bounds memory; its segments, the norms).
         """
-        if self._pool is None:
+        if not self.threaded:
             return
         for entry in entries:
             key = (entry.stream, entry.id)
@@ -142,10 +177,12 @@ class Prefetcher:
         if started is None:
             self._top_up()
             return self._read_now(entry, self._ctx.bus, fragment)
-        future, nbytes = started
+        read, nbytes = started
         self._started_bytes -= nbytes
         self._top_up()
-        return future.result()
+        if isinstance(read, _InChild):
+            return self._from_child(read, entry, fragment)
+        return read.result()
 
     def discard(self, entries: Iterable[Entry]) -> None:
         """Forget entries the loop will not ask for (a read already running finishes alone)."""
@@ -153,14 +190,14 @@ class Prefetcher:
             key = (entry.stream, entry.id)
             self._waiting.pop(key, None)
             if (started := self._started.pop(key, None)) is not None:
-                started[0].cancel()
+                self._cancel(started[0])
                 self._started_bytes -= started[1]
         self._top_up()
 
     def clear(self) -> None:
         """Forget everything submitted."""
-        for future, _ in self._started.values():
-            future.cancel()
+        for read, _ in self._started.values():
+            self._cancel(read)
         self._waiting.clear()
         self._started.clear()
         self._started_bytes = 0
@@ -170,25 +207,27 @@ class Prefetcher:
         self.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._procs is not None:
+            self._procs.close()
 
     def _read_now(self, entry: Entry, bus: Bus, fragment: Fragment) -> Decoded:
         """``ops.read_contribution``, into a pooled array when the payload has the fragment's
         size (another size is left to it, and refused by the caller as incompatible, as
         before), then the norms of the decoded Δ while it is in cache."""
         ctx, elements = self._ctx, fragment.size
-        out = None
+        out = parsed = None
         try:
-            msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
+            parsed = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
         except DDQError:
             pass  # read_contribution raises it again, in its order
         else:
-            header = msg.tensor
+            header = parsed.tensor
             zero_copy = header.codec == "fp32" and not header.zstd and not header.shuffle
             if header.n_elements == elements and not zero_copy:  # fp32 decodes to a view
                 out = ctx.buffers.take(elements)
         try:
             msg, delta = ops.read_contribution(
-                bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out
+                bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out, parsed=parsed
             )
             norms = None
             if self._norms and delta.size == elements:
@@ -199,17 +238,48 @@ class Prefetcher:
                 ctx.buffers.give([out])
             raise
 
+    def _from_child(self, read: _InChild, entry: Entry, fragment: Fragment) -> Decoded:
+        """A fetch process's reply to ``read``, as ``_read_now`` would give it."""
+        assert self._procs is not None
+        try:
+            reply = self._procs.result(read.ticket)
+        except BaseException:
+            self._ctx.buffers.give([read.out])  # the child is done with it (or dead)
+            raise
+        if isinstance(reply, str):  # "inline": another size than the fragment's; as before
+            self._ctx.buffers.give([read.out])
+            return self._read_now(entry, self._ctx.bus, fragment)
+        msg, sq_norms = reply
+        return Decoded(msg, read.out, sq_norms)
+
+    def _cancel(self, read: Future[Decoded] | _InChild) -> None:
+        if isinstance(read, _InChild):
+            assert self._procs is not None
+            self._procs.forget(read.ticket)  # its array stays out of the pool: see module doc
+        else:
+            read.cancel()
+
     def _top_up(self) -> None:
-        pool = self._pool
-        while pool is not None and self._waiting and len(self._started) < self._window:
+        while self.threaded and self._waiting and len(self._started) < self._window:
             key, (entry, fragment) = next(iter(self._waiting.items()))
             nbytes = 4 * fragment.size
             if self._started and self._started_bytes + nbytes > self._window_bytes:
                 return
             del self._waiting[key]
-            bus = self._fetched(entry)
-            self._started[key] = (pool.submit(self._read_now, entry, bus, fragment), nbytes)
+            self._started[key] = (self._start(entry, fragment), nbytes)
             self._started_bytes += nbytes
+
+    def _start(self, entry: Entry, fragment: Fragment) -> Future[Decoded] | _InChild:
+        if self._procs is not None:
+            read = _InChild(next(self._tickets), self._ctx.buffers.take(fragment.size))
+            try:
+                self._procs.submit(read.ticket, entry, fragment, read.out)
+            except BaseException:
+                self._ctx.buffers.give([read.out])  # never sent
+                raise
+            return read
+        assert self._pool is not None
+        return self._pool.submit(self._read_now, entry, self._fetched(entry), fragment)
 
     def _fetched(self, entry: Entry) -> Bus:
         """The bus for the worker's read of ``entry``, its payload fetched now when allowed."""
@@ -225,6 +295,13 @@ class Prefetcher:
         except DDQError as exc:  # BlobMissing, CorruptPayload, BusError: raised in order later
             outcome = exc
         return cast(Bus, _Fetched(ctx.bus, ref, outcome))
+
+
+class _InChild(NamedTuple):
+    """A read started in a fetch process: its ticket and the array it decodes into."""
+
+    ticket: int
+    out: F32
 
 
 class _Fetched:

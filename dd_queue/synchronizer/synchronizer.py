@@ -50,6 +50,7 @@ from dd_queue.core.policy import decide
 from dd_queue.core.schedule import RoundOpening, next_round
 from dd_queue.errors import BusError, ConfigError, LeaseLost
 from dd_queue.faults import FaultInjector
+from dd_queue.fetchers import available
 from dd_queue.keys import SYNC_GROUP, check_name
 from dd_queue.synchronizer import recovery
 from dd_queue.synchronizer.closing import abandon_round, merge_round
@@ -89,7 +90,10 @@ class Synchronizer:
         kill: Effect of a ``kill`` fault (default: SIGKILL this process).
         wall: Wall-clock seconds for records and events (default ``time.time``).
         fetch_threads: Threads that fetch and decode contributions ahead of the loop
-            (``prefetch``); default 1 on a ``RedisBus``, 0 (inline, deterministic) otherwise.
+            (``prefetch``) when there are no fetch processes; default 1 on a ``RedisBus``, 0
+            (inline, deterministic) otherwise.
+        fetch_processes: Child processes that do it instead (``dd_queue.fetchers``); default
+            ``synchronizer.fetch_processes`` on a ``RedisBus`` where they work (Linux), else 0.
 
     Raises:
         ConfigError: ``bus`` belongs to another run, or ``synchronizer_id`` is not a safe name.
@@ -108,6 +112,7 @@ class Synchronizer:
         kill: Callable[[str], None] = hard_kill,
         wall: Callable[[], float] = time.time,
         fetch_threads: int | None = None,
+        fetch_processes: int | None = None,
     ) -> None:
         check_name("synchronizer_id", synchronizer_id)
         if bus.keys.run_id != cfg.run.run_id:
@@ -132,9 +137,13 @@ class Synchronizer:
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
         self.rounds_merged = 0
+        redis = isinstance(bus, RedisBus)
+        if fetch_processes is None:
+            by_url = isinstance(bus, RedisBus) and bus.url is not None and available()
+            fetch_processes = cfg.synchronizer.fetch_processes if by_url else 0
         if fetch_threads is None:
-            fetch_threads = 1 if isinstance(bus, RedisBus) else 0
-        self._prefetch = Prefetcher(self.ctx, threads=fetch_threads)
+            fetch_threads = 1 if redis else 0
+        self._prefetch = Prefetcher(self.ctx, threads=fetch_threads, processes=fetch_processes)
         self._incoming: deque[Entry] = deque()  # read from the group, not yet admitted
 
     # ── lifecycle ─────────────────────────────────────────────────────────────────────────
@@ -148,6 +157,7 @@ class Synchronizer:
         """
         if self._plan is not None:
             return
+        self._prefetch.start()  # warm before any read: a takeover must not wait for start-up
         ctx, now = self.ctx, self.ctx.clock.now()
         self._plan = plan_of(self._source, ctx.sync)
         latest = recovery.latest_round(ctx)
