@@ -16,7 +16,9 @@ Against a redis-server this script starts on a free loopback port (no persistenc
   the Nesterov step, stages Θ_p and the momentum (fp32, 8 B/element) and commits.
 * **raw**: the same payload bytes through plain redis-py in the same topology: a producer
   process ``XADD``s each payload (inline), the main thread ``XREADGROUP``s (COUNT 16) and
-  ``XACK``s them; run before and after ours, the better of the two counts. It moves bytes and
+  ``XACK``s them, 512 payloads (~1 s) per run: a sustained rate like ours (until 2026-11-30 it
+  was 64 payloads, a 0.13 s burst that read anywhere from 286 to 797 MB/s on this machine);
+  run before and after ours, the better of the two counts. It moves bytes and
   does nothing else: per 1 B/element of int8 read, ours also checks and decodes it (4 B/element
   of fp32), merges, steps, and writes 8 B/element of new state (Θ_p and momentum, fp32).
 
@@ -80,6 +82,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
                 "initial_step_time_s": 0.005,
                 "version_ring": 2,
                 "lease_ttl_s": 30.0,
+                "fetch_processes": args.fetch_processes,
             },
             "membership": {"expected_learners": args.learners},
         }
@@ -261,6 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elements", type=int, default=1 << 20, help="per fragment")
     parser.add_argument("--codec", default="int8", choices=["fp32", "bf16", "int8", "int4"])
     parser.add_argument("--seconds", type=float, default=30.0, help="length of our run")
+    parser.add_argument(
+        "--fetch-processes",
+        type=int,
+        default=2,
+        help="synchronizer.fetch_processes (default %(default)s; 0 = one fetch thread)",
+    )
+    parser.add_argument(
+        "--raw-payloads",
+        type=int,
+        default=512,
+        help="payloads per raw run (default %(default)s: ~1 s, a sustained rate, not a burst)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -272,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         probe.close()
         nbytes = encode(np.zeros(args.elements, np.float32), CodecSpec(args.codec)).payload.nbytes
         payload = np.random.default_rng(1).bytes(nbytes)
-        n_raw = max(32, 4 * args.learners)
+        n_raw = args.raw_payloads
         raw_before = run_raw(server.url, payload, n_raw, "a")
         ours = run_ours(server.url, args)
         raw_after = run_raw(server.url, payload, n_raw, "b")
@@ -280,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = ours["payload_mb_s"] / raw
     took = time.perf_counter() - wall
     print(f"redis-server {version}; M={args.learners} P={args.fragments} ", end="")
-    print(f"{args.elements:,} elements/fragment, {args.codec}; {took:.0f} s\n")
+    print(f"{args.elements:,} elements/fragment, {args.codec}, ", end="")
+    print(f"{args.fetch_processes} fetch processes; raw: {n_raw} payloads a run; {took:.0f} s\n")
     print("| rounds | rounds/s | quorum→published p50 / p99 ms | payload MB/s | raw MB/s ", end="")
     print("| ratio | target |")
     print("|---:|---:|---:|---:|---:|---:|---|")
@@ -303,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                     "fragments": args.fragments,
                     "elements": args.elements,
                     "codec": args.codec,
+                    "fetch_processes": args.fetch_processes,
+                    "raw_payloads": n_raw,
                 }
             )
         )
