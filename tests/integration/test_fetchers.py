@@ -109,23 +109,15 @@ def test_a_fetch_process_reads_exactly_what_an_inline_read_gives(
 def test_a_dead_fetch_process_fails_its_reads_and_is_replaced(
     sync: Synchronizer, bus: RedisBus
 ) -> None:
-    cfg, fragment = sync.ctx.cfg, sync.fragments[0].fragment
-    delta = np.full(fragment.size, 0.5, np.float32)
-    for learner in ("L0", "L1", "L2"):
-        contribute(
-            bus, cfg, learner_id=learner, fragment_id=0, round_id=0, base_version=0, delta=delta
-        )
-    a, b, c = bus.read(bus.keys.up(0), after_id="0-0", count=10)
+    fragment = sync.fragments[0].fragment
+    a, b, c = published(sync, bus, 0.5, 3)
     pool = BufferPool()
     pool.allocate_with(fetchers.shared_bytes)
-    procs = fetchers.FetchProcesses(
-        1, url=bus.url or "", run_id=bus.keys.run_id, options=bus.options,
-        limits=sync.ctx.limits, norms=True,
-    )  # fmt: skip
+    procs = one_child(sync, bus, norms=True)
     try:
         out = pool.take(fragment.size)
         procs.submit("a", a, fragment, out)
-        msg, norms = procs.result("a")  # type: ignore[misc]
+        msg, norms = procs.result("a")
         assert msg.learner_id == "L0" and norms is not None and (out == 0.5).all()
         [pid] = procs.pids
         os.kill(pid, signal.SIGSTOP)  # b is sent to it, then it dies before replying
@@ -135,7 +127,7 @@ def test_a_dead_fetch_process_fails_its_reads_and_is_replaced(
             procs.result("b")
         assert not alive(pid) and not procs.pending("b")
         procs.submit("c", c, fragment, out)  # a new child
-        msg, _ = procs.result("c")  # type: ignore[misc]
+        msg, _ = procs.result("c")
         assert msg.learner_id == "L2" and procs.pids != (pid,)
     finally:
         procs.close()
@@ -143,23 +135,15 @@ def test_a_dead_fetch_process_fails_its_reads_and_is_replaced(
 
 
 def test_a_forgotten_read_leaves_nothing_behind(sync: Synchronizer, bus: RedisBus) -> None:
-    cfg, fragment = sync.ctx.cfg, sync.fragments[0].fragment
-    delta = np.full(fragment.size, 0.25, np.float32)
-    for learner in ("L0", "L1"):
-        contribute(
-            bus, cfg, learner_id=learner, fragment_id=0, round_id=0, base_version=0, delta=delta
-        )
-    a, b = bus.read(bus.keys.up(0), after_id="0-0", count=10)
-    procs = fetchers.FetchProcesses(
-        1, url=bus.url or "", run_id=bus.keys.run_id, options=bus.options,
-        limits=sync.ctx.limits, norms=False,
-    )  # fmt: skip
+    fragment = sync.fragments[0].fragment
+    a, b = published(sync, bus, 0.25, 2)
+    procs = one_child(sync, bus, norms=False)
     try:
         procs.submit(1, a, fragment, fetchers.shared_bytes(4 * fragment.size).view(np.float32))
         procs.forget(1)
         out = fetchers.shared_bytes(4 * fragment.size).view(np.float32)
         procs.submit(2, b, fragment, out)
-        msg, norms = procs.result(2)  # type: ignore[misc]
+        msg, norms = procs.result(2)
         assert msg.learner_id == "L1" and norms is None and (out == 0.25).all()
         assert not procs.pending(1) and not procs.pending(2)
         with pytest.raises(KeyError):
@@ -213,6 +197,24 @@ def test_pooled_arrays_in_shared_memory_frame_and_come_back() -> None:
     assert pool.take(1000) is a
 
 
+def published(sync: Synchronizer, bus: RedisBus, value: float, n: int) -> list[Entry]:
+    """``n`` contributions of learners L0, L1, ... to fragment 0, every element ``value``."""
+    delta = np.full(sync.fragments[0].fragment.size, value, np.float32)
+    for m in range(n):
+        contribute(
+            bus, sync.ctx.cfg, learner_id=f"L{m}", fragment_id=0, round_id=0, base_version=0,
+            delta=delta,
+        )  # fmt: skip
+    return bus.read(bus.keys.up(0), after_id="0-0", count=n)
+
+
+def one_child(sync: Synchronizer, bus: RedisBus, *, norms: bool) -> fetchers.FetchProcesses:
+    return fetchers.FetchProcesses(
+        1, url=bus.url or "", run_id=bus.keys.run_id, options=bus.options,
+        limits=sync.ctx.limits, norms=norms,
+    )  # fmt: skip
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, waiting to be reaped, has exited)."""
     try:
@@ -223,17 +225,9 @@ def alive(pid: int) -> bool:
 
 
 def test_a_child_unmaps_the_arrays_the_parent_frees(sync: Synchronizer, bus: RedisBus) -> None:
-    cfg, fragment = sync.ctx.cfg, sync.fragments[0].fragment
-    delta = np.full(fragment.size, 1.0, np.float32)
-    for learner in ("L0", "L1"):
-        contribute(
-            bus, cfg, learner_id=learner, fragment_id=0, round_id=0, base_version=0, delta=delta
-        )
-    a, b = bus.read(bus.keys.up(0), after_id="0-0", count=10)
-    procs = fetchers.FetchProcesses(
-        1, url=bus.url or "", run_id=bus.keys.run_id, options=bus.options,
-        limits=sync.ctx.limits, norms=False,
-    )  # fmt: skip
+    fragment = sync.fragments[0].fragment
+    a, b = published(sync, bus, 1.0, 2)
+    procs = one_child(sync, bus, norms=False)
     try:
         first = fetchers.shared_bytes(4 * fragment.size).view(np.float32)
         procs.submit(1, a, fragment, first)
