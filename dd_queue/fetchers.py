@@ -11,18 +11,23 @@ float32 straight into the array the loop will merge from. That array lives in sh
 (``shared_bytes``: a memfd, mapped by both processes), so nothing is copied between processes.
 
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one pickled message per packet, trusted: the child
-is ours). Request: ``(ticket, entry, fragment, forget)`` with the memfd of the array to decode
-into as ancillary data; ``forget`` lists arrays the parent has freed, which the child unmaps.
+is ours). Request: ``(ticket, entry, fragment index, layout, offset, forget)`` with the memfd of
+the array to decode into as ancillary data; ``layout`` is the fragment's ``Fragment`` the first
+time a child needs it (else None); ``offset`` is the array's byte offset in the memfd; ``forget``
+lists arrays the parent has freed, which the child unmaps (it keeps at most
+``CHILD_MAPPINGS`` mapped in any case).
 Reply: ``(ticket, ok, payload)``: ``(msg, sq_norms)`` on success, or the exception that
 ``read_contribution`` raised (``ProtocolError``, ``BlobMissing``, ``BusError``), which the parent
 raises in its place, so admission and dead-lettering see exactly what an inline read gives. A
 payload whose size is not the fragment's is not decoded by the child (reply ``"inline"``): the
 parent reads it itself, as before (it is refused as incompatible either way).
 
-Lifecycle: children are started on first use and hold no state the parent needs. If one dies,
-its pending reads raise ``BusError`` (the synchronizer then drops its fragments and rebuilds them
-from Redis, as for any bus error) and the next read starts a new child. A child exits when its
-socket closes: when the parent closes it, exits, or is killed with SIGKILL.
+Lifecycle: children start all at once (``start``, or the first read; ~0.5 s of imports) and hold
+no state the parent needs. If one dies, or does not reply within Redis's
+``unavailable_after_s`` + 60 s (it is then killed), its pending reads raise ``BusError`` (the
+synchronizer then drops its fragments and rebuilds them from Redis, as for any bus error) and
+the next read starts a new child. A child exits when its socket closes: when the parent closes
+it, exits, or is killed with SIGKILL. Ctrl-C is the parent's to handle (children ignore SIGINT).
 
 Linux only (memfd, SEQPACKET, fd passing); elsewhere ``available()`` is False and the
 synchronizer reads in a thread (``prefetch``).
@@ -93,6 +98,8 @@ class _FreedLog:
 
     def since(self, seen: int) -> tuple[list[int], int]:
         """Inodes added after the first ``seen``, and the new count seen."""
+        if seen == self.total:
+            return [], seen
         with self._lock:
             new = min(self.total - seen, len(self._inodes))
             return list(self._inodes)[len(self._inodes) - new :], self.total

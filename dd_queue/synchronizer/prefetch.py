@@ -243,8 +243,8 @@ class Prefetcher:
         assert self._procs is not None
         try:
             reply = self._procs.result(read.ticket)
-        except BaseException:
-            self._ctx.buffers.give([read.out])  # the child is done with it (or dead)
+        except Exception:  # its reply, or its death: either way no child writes there now
+            self._ctx.buffers.give([read.out])
             raise
         if isinstance(reply, str):  # "inline": another size than the fragment's; as before
             self._ctx.buffers.give([read.out])
