@@ -309,6 +309,7 @@ class FetchProcesses:
         if all(c is None for c in self._children):
             for i in range(len(self._children)):
                 self._children[i] = _Child(self._settings, self._reply_timeout_s)
+            log.info("fetch.started %d fetch processes, pids %s", len(self._children), self.pids)
         child = self._children[index]
         if child is None or child.proc.poll() is not None:
             if child is not None:
@@ -340,7 +341,12 @@ class FetchProcesses:
                 child.proc.kill()
             child.proc.wait()
         err = err or BusError("fetch process died before replying")
-        for ticket in [t for t, i in self._where.items() if i == index]:
+        failed = [t for t, i in self._where.items() if i == index]
+        if child is not None:
+            log.warning(
+                "fetch.lost process %d: %s; %d reads fail", child.proc.pid, err, len(failed)
+            )
+        for ticket in failed:
             del self._where[ticket]
             if ticket in self._orphans:
                 self._orphans.discard(ticket)

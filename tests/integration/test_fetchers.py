@@ -107,7 +107,7 @@ def test_a_fetch_process_reads_exactly_what_an_inline_read_gives(
 
 
 def test_a_dead_fetch_process_fails_its_reads_and_is_replaced(
-    sync: Synchronizer, bus: RedisBus
+    sync: Synchronizer, bus: RedisBus, caplog: pytest.LogCaptureFixture
 ) -> None:
     fragment = sync.fragments[0].fragment
     a, b, c = published(sync, bus, 0.5, 3)
@@ -126,6 +126,7 @@ def test_a_dead_fetch_process_fails_its_reads_and_is_replaced(
         with pytest.raises(BusError, match="fetch process"):
             procs.result("b")
         assert not alive(pid) and not procs.pending("b")
+        assert f"fetch.lost process {pid}" in caplog.text and "1 reads fail" in caplog.text
         procs.submit("c", c, fragment, out)  # a new child
         msg, _ = procs.result("c")
         assert msg.learner_id == "L2" and procs.pids != (pid,)
