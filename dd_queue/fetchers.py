@@ -376,7 +376,10 @@ def _serve(sock: socket.socket) -> None:
     from dd_queue.bus import RedisBus
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent; EOF stops this
-    url, run_id, options, limits, norms = pickle.loads(sock.recv(MAX_PACKET))
+    settings = sock.recv(MAX_PACKET)
+    if not settings:
+        return  # the parent went away before it said anything
+    url, run_id, options, limits, norms = pickle.loads(settings)
     bytearray(8 << 20)  # glibc keeps ~1 MB payload buffers on its heap from now on
     bus = RedisBus(url, run_id, options=options)
     maps: OrderedDict[int, mmap.mmap] = OrderedDict()  # inode → mapping
