@@ -52,8 +52,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dd_queue.bus import Entry, RedisOptions
+from dd_queue.bus import Entry, RedisBus, RedisOptions, ops
 from dd_queue.core.fragments import Fragment
+from dd_queue.core.merge import F32, F64, segment_sq_norms
 from dd_queue.errors import BusError
 from dd_queue.messages import Contribution, MessageLimits
 
@@ -67,7 +68,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 CHILD_MAPPINGS = 512
 """Most shared arrays a child keeps mapped (least recently used are unmapped first)."""
 
-Reply = tuple[Contribution, "npt.NDArray[np.float64] | None"] | str
+Reply = tuple[Contribution, F64 | None] | str
 """A successful read: the message and Δ's squared segment norms, or ``"inline"``."""
 
 
@@ -373,8 +374,6 @@ def _map_address(array: np.ndarray) -> int:
 
 def _serve(sock: socket.socket) -> None:
     """The child: read requests until the parent closes the socket."""
-    from dd_queue.bus import RedisBus
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent; EOF stops this
     settings = sock.recv(MAX_PACKET)
     if not settings:
@@ -407,7 +406,7 @@ def _serve(sock: socket.socket) -> None:
 
 
 def _read(
-    bus: Any,
+    bus: RedisBus,
     entry: Entry,
     fragment: Fragment,
     maps: OrderedDict[int, mmap.mmap],
@@ -418,9 +417,6 @@ def _read(
 ) -> Reply:
     """``read_contribution`` into the shared array and the norms, or ``"inline"`` for another
     size. No view of a mapping outlives the call (the next request may unmap it)."""
-    from dd_queue.bus import ops
-    from dd_queue.core.merge import segment_sq_norms
-
     run_id = bus.keys.run_id
     out = _mapped(maps, fds[0], offset, fragment.size)
 
@@ -433,9 +429,7 @@ def _read(
     return msg, (segment_sq_norms(delta, fragment) if norms else None)
 
 
-def _mapped(
-    maps: OrderedDict[int, mmap.mmap], fd: int, offset: int, elements: int
-) -> npt.NDArray[np.float32]:
+def _mapped(maps: OrderedDict[int, mmap.mmap], fd: int, offset: int, elements: int) -> F32:
     try:
         inode = os.fstat(fd).st_ino
         mapping = maps.get(inode)

@@ -137,12 +137,12 @@ class Synchronizer:
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
         self.rounds_merged = 0
-        redis = isinstance(bus, RedisBus)
+        redis_url = bus.url if isinstance(bus, RedisBus) else None
         if fetch_processes is None:
-            by_url = isinstance(bus, RedisBus) and bus.url is not None and available()
+            by_url = redis_url is not None and available()
             fetch_processes = cfg.synchronizer.fetch_processes if by_url else 0
         if fetch_threads is None:
-            fetch_threads = 1 if redis else 0
+            fetch_threads = 1 if isinstance(bus, RedisBus) else 0
         self._prefetch = Prefetcher(self.ctx, threads=fetch_threads, processes=fetch_processes)
         self._incoming: deque[Entry] = deque()  # read from the group, not yet admitted
 
