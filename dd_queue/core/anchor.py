@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from dd_queue.core.blockwise import add_into, shares_memory
 from dd_queue.core.merge import F32, ContributionData
 from dd_queue.errors import CoreError
 
@@ -119,11 +120,11 @@ def re_anchor(contrib: ContributionData, ring: VersionRing, *, out: F32 | None =
     if cur is None or contrib.delta.shape != cur.shape:
         raise CoreError(f"{who}: delta shape {contrib.delta.shape} does not match the ring's")
     dst = np.empty_like(cur) if out is None else out
-    shared = any(np.may_share_memory(dst, x) for x in (cur, old, contrib.delta))
+    shared = any(shares_memory(dst, x) for x in (cur, old, contrib.delta))
     if dst.shape != cur.shape or dst.dtype != np.float32 or shared:
         raise CoreError(f"{who}: out must be a separate float32 buffer of shape {cur.shape}")
     np.subtract(cur, old, out=dst)
-    np.add(dst, contrib.delta, out=dst)
+    add_into(dst, contrib.delta)  # (a Blockwise Δ is dequantised piece by piece)
     # the norms (if any) were of the old Δ
     anchored = replace(contrib, delta=dst, base_version=now, sq_norms=None)
     return Anchoring(who, anchored, f"{who}: re-anchored from v{base} to v{now}")

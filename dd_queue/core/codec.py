@@ -48,6 +48,7 @@ except ImportError:  # no isal wheel for this platform: the same CRC-32, ~30x sl
     from zlib import crc32 as _crc32
 
 from dd_queue.core import quantize
+from dd_queue.core.blockwise import Blockwise
 from dd_queue.core.quantize import U8, check_finite
 from dd_queue.core.quantize import Float32Array as Float32Array  # re-exported
 from dd_queue.errors import (
@@ -66,9 +67,12 @@ __all__ = [
     "EncodedTensor",
     "TensorHeader",
     "check_header",
+    "codes_view",
     "decode",
+    "decode_delta",
     "encode",
     "encode_fp32_view",
+    "keeps_codes",
     "raw_nbytes_for",
 ]
 
@@ -337,11 +341,7 @@ def decode(
         CoreError: ``payload`` is not bytes-like, or ``out`` is not a writable, C-contiguous
             float32 array.
     """
-    check_header(header, limits)
-    view = _byte_view(payload)
-    if view.nbytes > limits.max_payload_bytes:
-        raise PayloadTooLarge(f"payload of {view.nbytes} bytes exceeds {limits.max_payload_bytes}")
-    target = _target(out, header.n_elements)
+    view, target = _checked_input(header, payload, out, limits)
     if header.codec == "fp32" and not header.shuffle:
         return _decode_fp32(header, view, limits, target)
     raw = _verified_raw(header, view, limits, dest=None)
@@ -350,6 +350,54 @@ def decode(
         raw, result.reshape(-1), header.codec, header.block_size, header.shuffle
     )
     return result
+
+
+def keeps_codes(header: TensorHeader) -> bool:
+    """Whether ``decode_delta`` keeps this payload's codes: a blockwise codec (int8, int4)
+    whose codes and scales fit in the bytes of its float32 vector (all but 1 element)."""
+    h = header
+    return (
+        h.codec in quantize.LEVELS
+        and isinstance(h.block_size, int)
+        and isinstance(h.n_elements, int)
+        and h.block_size >= 1
+        and quantize.codes_nbytes(h.n_elements, h.block_size) <= 4 * h.n_elements
+    )
+
+
+def decode_delta(
+    header: TensorHeader,
+    payload: bytes | bytearray | memoryview,
+    *,
+    out: Float32Array | None = None,
+    limits: DecodeLimits,
+) -> Float32Array | Blockwise:
+    """``decode``, except that a payload that ``keeps_codes`` is returned as its codes and
+    scales (``Blockwise``, values bit-identical to the decoded ones), stored in the bytes of
+    ``out`` when given (else in a new array): ``Blockwise.buffer`` is that array, and
+    ``codes_view(header, buffer)`` gives the same views again.
+
+    Checks, their order and their errors are ``decode``'s.
+    """
+    view, target = _checked_input(header, payload, out, limits)
+    if not keeps_codes(header):
+        return decode(header, payload, out=out, limits=limits)
+    buffer = target if target is not None else np.empty(header.n_elements, np.float32)
+    store = buffer.reshape(-1).view(np.uint8)
+    # int8's raw bytes are its codes' layout: decompress or copy them straight into the store
+    dest = store[: header.raw_nbytes] if header.codec == "int8" else None
+    raw = _verified_raw(header, view, limits, dest=dest)
+    quantize.codes_into(raw, store, header.n_elements, header.codec, header.block_size)
+    return codes_view(header, buffer)
+
+
+def codes_view(header: TensorHeader, buffer: Float32Array) -> Blockwise:
+    """The ``Blockwise`` that ``decode_delta`` stored in ``buffer`` for ``header``'s payload
+    (one that ``keeps_codes``): views of ``buffer``'s bytes, with ``buffer`` as its buffer."""
+    n, b = header.n_elements, header.block_size
+    store = buffer.reshape(-1).view(np.uint8)
+    head = 4 * -(-n // b)
+    return Blockwise(store[head : head + n].view(np.int8), store[:head].view("<f4"), b, buffer)
 
 
 def _decode_fp32(
@@ -362,6 +410,20 @@ def _decode_fp32(
     # decompress (or copy) straight into the result: the only copy made
     _verified_raw(header, view, limits, dest=result.reshape(-1).view(np.uint8))
     return check_finite(result)
+
+
+def _checked_input(
+    header: TensorHeader,
+    payload: bytes | bytearray | memoryview,
+    out: Float32Array | None,
+    limits: DecodeLimits,
+) -> tuple[memoryview, Float32Array | None]:
+    """The header checked, the payload's bytes within the limit, and ``out`` checked."""
+    check_header(header, limits)
+    view = _byte_view(payload)
+    if view.nbytes > limits.max_payload_bytes:
+        raise PayloadTooLarge(f"payload of {view.nbytes} bytes exceeds {limits.max_payload_bytes}")
+    return view, _target(out, header.n_elements)
 
 
 def _byte_view(payload: bytes | bytearray | memoryview) -> memoryview:

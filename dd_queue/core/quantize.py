@@ -31,6 +31,8 @@ __all__ = [
     "LEVELS",
     "absmax",
     "check_finite",
+    "codes_into",
+    "codes_nbytes",
     "decode_raw_into",
     "encode_raw",
     "raw_nbytes",
@@ -252,11 +254,7 @@ def _blockwise_into(raw: U8, out: Float32Array, codec: str, block_size: int) -> 
     n = out.size
     n_full, tail = divmod(n, block_size)
     n_blocks = n_full + (tail > 0)
-    scales = np.frombuffer(raw, dtype="<f4", count=n_blocks)
-    levels = LEVELS[codec]
-    # |q| ≤ levels + 1 even if altered (int8 −128, int4 nibble −8): this bound keeps q·s finite
-    if not absmax(scales) <= _F32_MAX / (levels + 1):  # also False for NaN
-        raise NonFiniteValues(f"a block scale is NaN, Inf or above float32 max/{levels + 1}")
+    scales = _checked_scales(raw, codec, n_blocks)
     data = raw[4 * n_blocks :]
     q = data.view(np.int8) if codec == "int8" else _unpack_int4(data)
     # Per piece that stays in L2: an int8 → float32 cast, then a float32 multiply by each row's
@@ -272,6 +270,51 @@ def _blockwise_into(raw: U8, out: Float32Array, codec: str, block_size: int) -> 
         split = n_full * block_size
         np.copyto(out[split:], q[split:n], casting="unsafe")
         np.multiply(out[split:], scales[n_full], out=out[split:])
+
+
+def _checked_scales(raw: U8, codec: str, n_blocks: int) -> Float32Array:
+    """The block scales at the front of blockwise raw bytes, checked to keep q·s finite.
+
+    Raises:
+        NonFiniteValues: A scale is NaN, Inf or so large that some q·s would overflow.
+    """
+    scales = np.frombuffer(raw, dtype="<f4", count=n_blocks)
+    levels = LEVELS[codec]
+    # |q| ≤ levels + 1 even if altered (int8 −128, int4 nibble −8): this bound keeps q·s finite
+    if not absmax(scales) <= _F32_MAX / (levels + 1):  # also False for NaN
+        raise NonFiniteValues(f"a block scale is NaN, Inf or above float32 max/{levels + 1}")
+    return scales
+
+
+def codes_nbytes(n_elements: int, block_size: int) -> int:
+    """Bytes of blockwise codes kept undecoded: the float32 scales, then one int8 per element
+    (int4 nibbles unpacked; an odd count is padded by one)."""
+    return 4 * -(-n_elements // block_size) + n_elements + n_elements % 2
+
+
+def codes_into(
+    raw: U8, into: U8, n_elements: int, codec: str, block_size: int
+) -> tuple[npt.NDArray[np.int8], Float32Array]:
+    """Verified int8/int4 raw bytes as (codes, scales) stored in ``into``: the scales first,
+    then one int8 per element (``codes_nbytes``; ``into`` may already hold int8 raw bytes,
+    which are their own layout). Value i decodes to ``float32(codes[i]) * scales[i // block]``,
+    as ``decode_raw_into`` computes it.
+
+    Raises:
+        NonFiniteValues: A scale would let some value decode to NaN or Inf.
+    """
+    n_blocks = -(-n_elements // block_size)
+    _checked_scales(raw, codec, n_blocks)
+    head = 4 * n_blocks
+    if codec == "int8":
+        if raw.ctypes.data != into.ctypes.data:  # (zstd may have decompressed into it)
+            np.copyto(into[: raw.size], raw)
+    else:
+        np.copyto(into[:head], raw[:head])
+        pairs = into[head : head + 2 * (raw.size - head)].view("<u2")
+        np.take(_INT4_PAIRS, raw[head:], mode="clip", out=pairs)
+    codes = into[head : head + n_elements].view(np.int8)
+    return codes, into[:head].view("<f4")
 
 
 def _unpack_int4(data: U8) -> npt.NDArray[np.int8]:

@@ -1,0 +1,297 @@
+"""Blockwise codes (``core.blockwise``): kept int8/int4 payloads, against decoding them.
+
+- A range of a ``Blockwise`` dequantises to the decoded vector's very bits; decode_delta checks
+  what decode checks and raises what it raises.
+- A merge from codes is deterministic, and equals the merge of the decoded vectors to float32
+  rounding (CodesSum folds the block scales into its matmul; norms come from exact sums).
+- Re-anchoring a Blockwise Δ gives the decoded Δ's bits; the buffer pool takes codes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dd_queue.core.anchor import VersionRing, re_anchor
+from dd_queue.core.blockwise import (
+    EXACT_SQ_BLOCK,
+    Blockwise,
+    CodesSum,
+    add_into,
+    as_float32,
+    values,
+)
+from dd_queue.core.codec import (
+    CodecSpec,
+    DecodeLimits,
+    codes_view,
+    decode,
+    decode_delta,
+    encode,
+    keeps_codes,
+)
+from dd_queue.core.fragments import Fragment, Segment
+from dd_queue.core.merge import ContributionData, merge_fragment, merge_weighted, segment_sq_norms
+from dd_queue.errors import CoreError, CorruptPayload, NonFiniteValues, PayloadTooLarge
+from dd_queue.synchronizer.buffers import BufferPool
+
+LIMITS = DecodeLimits()
+CODECS = st.sampled_from([("int8", 256), ("int8", 8), ("int8", 1000), ("int4", 64), ("int4", 8)])
+
+
+def encoded(n: int, codec: str, block: int, seed: int = 0, zstd: int | None = None) -> object:
+    x = (np.random.default_rng(seed).standard_normal(n) * 1e-3).astype(np.float32)
+    return encode(x, CodecSpec(codec, block_size=block, zstd_level=zstd))  # type: ignore[arg-type]
+
+
+def bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype=np.float32).tobytes()
+
+
+def layout(n: int, cuts: list[int]) -> Fragment:
+    """A fragment of ``n`` elements cut into segments at ``cuts`` (the last one an embedding)."""
+    edges = [0, *sorted({c for c in cuts if 0 < c < n}), n]
+    segs = tuple(
+        Segment(f"s{i}", a, b, (b - a,), i == len(edges) - 2)
+        for i, (a, b) in enumerate(itertools.pairwise(edges))
+    )
+    return Fragment(index=0, segments=segs, size=n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    codec=CODECS,
+    n=st.integers(2, 5000),
+    zstd=st.sampled_from([None, 3]),
+    data=st.data(),
+)
+def test_any_range_of_the_codes_dequantises_to_the_decoded_bits(
+    codec: tuple[str, int], n: int, zstd: int | None, data: st.DataObject
+) -> None:
+    e = encoded(n, *codec, zstd=zstd)
+    ref = decode(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+    out = np.empty(n, np.float32)
+    d = decode_delta(e.header, e.payload, out=out, limits=LIMITS)  # type: ignore[attr-defined]
+    assert isinstance(d, Blockwise) and d.buffer is out
+    assert bits(as_float32(d)) == bits(ref)
+    again = codes_view(e.header, out)  # type: ignore[attr-defined]
+    assert again.codes.tobytes() == d.codes.tobytes() and bits(again.scales) == bits(d.scales)
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    piece = d.dequantize(start, stop, np.empty(stop - start, np.float32))
+    assert bits(piece) == bits(ref[start:stop])
+    assert bits(values(d, start, stop, np.empty(stop - start, np.float32))) == bits(piece)
+    assert d.sq_sum(start, stop, np.empty(1024, np.float32)) == pytest.approx(
+        float(np.dot(ref[start:stop].astype(np.float64), ref[start:stop].astype(np.float64))),
+        rel=1e-6,
+        abs=1e-30,
+    )
+
+
+def test_only_blockwise_payloads_with_room_keep_their_codes() -> None:
+    assert keeps_codes(encoded(2, "int8", 8).header)  # type: ignore[attr-defined]
+    assert not keeps_codes(encoded(1, "int8", 8).header)  # 4 + 1 bytes > 4
+    for codec in ("fp32", "bf16"):
+        e = encode(np.ones(10, np.float32), CodecSpec(codec))  # type: ignore[arg-type]
+        assert not keeps_codes(e.header)
+        got = decode_delta(e.header, e.payload, limits=LIMITS)
+        assert isinstance(got, np.ndarray) and got.tolist() == [1.0] * 10
+
+
+def test_decode_delta_refuses_what_decode_refuses() -> None:
+    e = encoded(1000, "int8", 256)
+    header, payload = e.header, bytes(e.payload)  # type: ignore[attr-defined]
+    bad_crc = dataclasses.replace(header, checksum=header.checksum ^ 1)
+    nan_scale = bytearray(payload)
+    nan_scale[0:4] = np.array([np.nan], np.float32).tobytes()
+    crc_of_nan = encode_like(header, bytes(nan_scale))
+    cases = [
+        (bad_crc, payload, None),
+        (header, payload[:-1], None),
+        (header, payload, np.empty(999, np.float32)),
+        (crc_of_nan, bytes(nan_scale), None),
+    ]
+    for h, p, out in cases:
+        with pytest.raises(Exception) as inline:
+            decode(h, p, out=out, limits=LIMITS)
+        with pytest.raises(type(inline.value)) as kept:
+            decode_delta(h, p, out=out, limits=LIMITS)
+        assert str(kept.value) == str(inline.value)
+    assert isinstance(inline.value, NonFiniteValues)
+    with pytest.raises(PayloadTooLarge):
+        decode_delta(header, payload, limits=dataclasses.replace(LIMITS, max_payload_bytes=10))
+    with pytest.raises(CorruptPayload):
+        decode_delta(bad_crc, payload, limits=LIMITS)
+
+
+def encode_like(header: object, payload: bytes) -> object:
+    """``header`` with the checksum of ``payload`` (an altered payload that passes its CRC)."""
+    from dd_queue.core import codec
+
+    h = header
+    raw = np.frombuffer(payload, np.uint8)
+    crc = codec._checksum(raw, h.codec, h.n_elements, h.block_size, h.shuffle)  # type: ignore[attr-defined]
+    return dataclasses.replace(h, checksum=crc)  # type: ignore[type-var]
+
+
+def test_blockwise_checks_its_arrays() -> None:
+    q, s = np.zeros(10, np.int8), np.zeros(2, np.float32)
+    Blockwise(q, s, 8)
+    with pytest.raises(CoreError):
+        Blockwise(q, np.zeros(3, np.float32), 8)
+    with pytest.raises(CoreError):
+        Blockwise(q.astype(np.int16), s, 8)  # type: ignore[arg-type]
+    with pytest.raises(CoreError):
+        Blockwise(q, s.astype(np.float64), 8)  # type: ignore[arg-type]
+    with pytest.raises(CoreError):
+        Blockwise(q, s, 8).dequantize(3, 11, np.empty(8, np.float32))
+
+
+def sum_reference(deltas: list[Blockwise], coefs: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Σ_g c_g · Δ_g[start:stop] in float64."""
+    total = np.zeros(stop - start)
+    for d, c in zip(deltas, coefs, strict=True):
+        total += float(c) * as_float32(d)[start:stop].astype(np.float64)
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    block=st.sampled_from([8, 64, 256]),
+    g=st.integers(1, 7),
+    n=st.integers(1, 40_000),
+    data=st.data(),
+)
+def test_codes_sum_matches_the_float64_sum_on_any_range(
+    block: int, g: int, n: int, data: st.DataObject
+) -> None:
+    n = max(n, 2)
+    deltas = [
+        decode_delta(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+        for e in (encoded(n, "int8", block, seed=k) for k in range(g))
+    ]
+    assert all(isinstance(d, Blockwise) for d in deltas)
+    coefs = np.random.default_rng(n).random(g).astype(np.float32) + 0.1
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start + 1, n))
+    summed = CodesSum(deltas)  # type: ignore[arg-type]
+    dst = np.full(stop - start, 0.25, np.float32)
+    summed.into(dst, coefs, start, stop, add=False)
+    ref = sum_reference(deltas, coefs, start, stop)  # type: ignore[arg-type]
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    np.testing.assert_allclose(dst, ref, rtol=0, atol=4e-7 * scale * g)
+    summed.into(dst, coefs, start, stop, add=True)
+    np.testing.assert_allclose(dst, 2 * ref, rtol=0, atol=8e-7 * scale * g)
+
+
+def test_codes_sum_refuses_mixed_or_huge_blocks() -> None:
+    a = decode_delta(encoded(100, "int8", 8).header, encoded(100, "int8", 8).payload, limits=LIMITS)  # type: ignore[attr-defined]
+    b = decode_delta(
+        encoded(100, "int8", 16).header, encoded(100, "int8", 16).payload, limits=LIMITS
+    )  # type: ignore[attr-defined]
+    with pytest.raises(CoreError):
+        CodesSum([a, b])  # type: ignore[list-item]
+    big = Blockwise(np.zeros(10_000, np.int8), np.zeros(2, np.float32), 8192)
+    with pytest.raises(CoreError):
+        CodesSum([big])
+
+
+MIXES = [
+    [("int8", 256)] * 5,
+    [("int8", 256), ("int4", 64), ("fp32", 0), ("int8", 64), ("int8", 8192), ("bf16", 0)],
+    [("int8", 8)],
+]
+
+
+@pytest.mark.parametrize("mix", MIXES, ids=["int8", "mixed", "one"])
+@pytest.mark.parametrize("rule", ["rda", "mean"])
+def test_a_merge_from_codes_is_the_merge_of_the_decoded_vectors_to_rounding(
+    mix: list[tuple[str, int]], rule: str
+) -> None:
+    n = 300_001  # segments cut blocks, several pieces each, an embedding at the end
+    fragment = layout(n, [1000, 70_003, 231_000])
+    rng = np.random.default_rng(1)
+    codes, floats = [], []
+    for k, (codec, block) in enumerate(mix):
+        x = (rng.standard_normal(n) * 10.0 ** -(2 + k % 3)).astype(np.float32)
+        e = encode(x, CodecSpec(codec, block_size=block or 256))  # type: ignore[arg-type]
+        codes.append(decode_delta(e.header, e.payload, limits=LIMITS))
+        floats.append(decode(e.header, e.payload, limits=LIMITS))
+    weights = rng.random(len(mix)) + 0.1
+    a = merge_weighted(codes, weights, fragment, rule=rule)  # type: ignore[arg-type]
+    b = merge_weighted(floats, weights, fragment, rule=rule)  # type: ignore[arg-type]
+    for seg in fragment.segments:
+        x, y = a.delta[seg.start : seg.stop], b.delta[seg.start : seg.stop]
+        np.testing.assert_allclose(x, y, rtol=0, atol=2e-6 * float(np.abs(y).max()))
+    assert a.delta_norm == pytest.approx(b.delta_norm, rel=1e-5)
+    assert a.weights == b.weights and a.fallback_segments == b.fallback_segments
+    # deterministic, and the same with the norms computed ahead (as the fetch processes do)
+    norms = [segment_sq_norms(d, fragment) for d in codes]
+    again = merge_weighted(codes, weights, fragment, rule=rule, sq_norms=norms)  # type: ignore[arg-type]
+    assert bits(again.delta) == bits(a.delta)
+
+
+def test_codes_norms_are_the_exact_norms_of_q_times_s() -> None:
+    """Exact in float64 (to its rounding), so within float32 rounding of the decoded norms."""
+    fragment = layout(70_000, [3, 999, 40_001])
+    for codec, block in [("int8", 256), ("int8", EXACT_SQ_BLOCK * 2), ("int4", 8)]:
+        e = encoded(70_000, codec, block)
+        d = decode_delta(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+        assert isinstance(d, Blockwise)
+        exact_values = d.codes.astype(np.float64) * np.repeat(d.scales, block)[: d.size]
+        decoded = decode(e.header, e.payload, limits=LIMITS).astype(np.float64)  # type: ignore[attr-defined]
+        got = segment_sq_norms(d, fragment)
+        for k, seg in enumerate(fragment.segments):
+            x, y = exact_values[seg.start : seg.stop], decoded[seg.start : seg.stop]
+            assert got[k] == pytest.approx(float(np.dot(x, x)), rel=1e-12)
+            assert got[k] == pytest.approx(float(np.dot(y, y)), rel=1e-6)
+
+
+def test_re_anchoring_codes_gives_the_decoded_bits() -> None:
+    n = 5000
+    ring = VersionRing(capacity=3, size=n)
+    rng = np.random.default_rng(3)
+    for v in range(3):
+        ring.push(v, rng.standard_normal(n).astype(np.float32))
+    e = encoded(n, "int8", 64)
+    d = decode_delta(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+    x = decode(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+    a = re_anchor(ContributionData("L0", d, 10, 2, base_version=0), ring)
+    b = re_anchor(ContributionData("L0", x, 10, 2, base_version=0), ring)
+    assert a.contribution is not None and b.contribution is not None
+    assert bits(a.contribution.delta) == bits(b.contribution.delta)  # type: ignore[arg-type]
+    dst = np.ones(n, np.float32)
+    add_into(dst, d)
+    assert bits(dst) == bits(np.float32(1) + x)
+    with pytest.raises(CoreError):  # out may not overlap the codes
+        re_anchor(ContributionData("L0", d, 10, 2, base_version=0), ring, out=d.buffer)
+
+
+def test_merge_fragment_takes_codes_like_vectors() -> None:
+    n = 4096
+    fragment = layout(n, [1000])
+    e = [encoded(n, "int8", 64, seed=k) for k in range(3)]
+    codes = [decode_delta(x.header, x.payload, limits=LIMITS) for x in e]  # type: ignore[attr-defined]
+    contribs = [ContributionData(f"L{k}", c, 100 * (k + 1), 4, 0) for k, c in enumerate(codes)]
+    result = merge_fragment(contribs, fragment)
+    assert result.kind == "merged" and np.isfinite(result.delta).all()
+    short = Blockwise(np.zeros(n - 1, np.int8), np.zeros(-(-(n - 1) // 64), np.float32), 64)
+    with pytest.raises(CoreError, match="blockwise codes of 4095"):
+        merge_fragment([*contribs[:2], ContributionData("L9", short, 1, 1, 0)], fragment)
+    with pytest.raises(CoreError, match="overlaps"):
+        merge_fragment(contribs, fragment, out=codes[0].buffer)  # type: ignore[union-attr]
+
+
+def test_the_pool_takes_back_the_buffer_that_holds_codes() -> None:
+    pool = BufferPool()
+    out = pool.take(1000)
+    e = encoded(1000, "int8", 256)
+    d = decode_delta(e.header, e.payload, out=out, limits=LIMITS)  # type: ignore[attr-defined]
+    pool.give([d])
+    assert pool.take(1000) is out
+    pool.give([Blockwise(np.zeros(4, np.int8), np.zeros(1, np.float32), 8)])  # no buffer: ignored
