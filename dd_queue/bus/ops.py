@@ -24,7 +24,8 @@ from collections.abc import Mapping
 
 from dd_queue.bus.base import Bus
 from dd_queue.bus.types import AppendOp, BlobData, BlobRef, Entry, Lease
-from dd_queue.core.codec import EncodedTensor, Float32Array, TensorHeader, decode
+from dd_queue.core.blockwise import Delta
+from dd_queue.core.codec import EncodedTensor, Float32Array, TensorHeader, decode, decode_delta
 from dd_queue.errors import BlobMissing, ConfigError, CorruptPayload, PayloadTooLarge, ProtocolError
 from dd_queue.messages import Contribution, GlobalFragment
 from dd_queue.wire import MessageLimits, blob_parts, unpack_blob
@@ -150,7 +151,8 @@ def read_contribution(
     limits: MessageLimits,
     out: Float32Array | None = None,
     parsed: Contribution | None = None,
-) -> tuple[Contribution, Float32Array]:
+    codes: bool = False,
+) -> tuple[Contribution, Delta]:
     """Validate an ``up`` entry, fetch its blob and decode it (into ``out`` when given).
 
     An ``entry.deleted`` (trimmed while pending) has no fields: ack it rather than read it.
@@ -163,9 +165,12 @@ def read_contribution(
         out: Writable, C-contiguous float32 buffer of the fragment's size to decode into.
         parsed: ``Contribution.from_fields(entry.fields, run_id=run_id, limits=limits)``, if
             the caller made it already (to choose ``out``); it is not parsed again.
+        codes: Keep an int8/int4 payload as its codes (``core.codec.decode_delta``: a
+            ``Blockwise`` stored in ``out``'s bytes), not decoded to float32.
 
     Returns:
-        The message and the decoded outer gradient (``out`` itself when given).
+        The message and the decoded outer gradient (``out`` itself when given, or with
+        ``codes`` a ``Blockwise`` whose buffer is ``out``).
 
     Raises:
         ProtocolError: The subclass says why (CorruptPayload, IncompatibleMessage,
@@ -182,7 +187,10 @@ def read_contribution(
     ref = blob_ref(entry)
     if ref.key != expected_key:
         raise CorruptPayload(f"entry {entry.id} refers to {ref.key!r}, not {expected_key!r}")
-    return msg, _fetch_tensor(bus, ref, msg.tensor, run_id=run_id, limits=limits, out=out)
+    payload = _fetch_payload(bus, ref, msg.tensor, run_id=run_id, limits=limits)
+    if codes:
+        return msg, decode_delta(msg.tensor, payload, out=out, limits=limits.tensor)
+    return msg, decode(msg.tensor, payload, out=out, limits=limits.tensor)
 
 
 def stage_global_fragment(
@@ -241,7 +249,8 @@ def read_global(
             f"entry {entry.id} refers to {ref.key!r}, not a blob of fragment "
             f"{msg.fragment_id} version {msg.version}"
         )
-    return msg, _fetch_tensor(bus, ref, msg.tensor, run_id=run_id, limits=limits, out=out)
+    payload = _fetch_payload(bus, ref, msg.tensor, run_id=run_id, limits=limits)
+    return msg, decode(msg.tensor, payload, out=out, limits=limits.tensor)
 
 
 def rejection_reason(error: ProtocolError | BlobMissing) -> str:
@@ -264,23 +273,16 @@ def _check_stream(entry: Entry, expected: str) -> None:
         )
 
 
-def _fetch_tensor(
-    bus: Bus,
-    ref: BlobRef,
-    header: TensorHeader,
-    *,
-    run_id: str,
-    limits: MessageLimits,
-    out: Float32Array | None,
-) -> Float32Array:
-    """Fetch (size bounded first), check the framing against ``ref`` and ``header``, decode."""
+def _fetch_payload(
+    bus: Bus, ref: BlobRef, header: TensorHeader, *, run_id: str, limits: MessageLimits
+) -> memoryview:
+    """Fetch (size bounded first) and check the framing against ``ref`` and ``header``."""
     if ref.nbytes > limits.max_blob_bytes:
         raise PayloadTooLarge(
             f"blob {ref.key!r} of {ref.nbytes} bytes exceeds {limits.max_blob_bytes}"
         )
     blob = bus.get_blob(ref)
-    payload = unpack_blob(blob, run_id=run_id, blob_key=ref.key, expect=header, limits=limits)
-    return decode(header, payload, out=out, limits=limits.tensor)
+    return unpack_blob(blob, run_id=run_id, blob_key=ref.key, expect=header, limits=limits)
 
 
 def send_command(

@@ -1,8 +1,10 @@
 """Reading contributions ahead of the loop that admits them: fetched here, decoded on a worker.
 
 Reading one contribution (``ops.read_contribution``) is a GET of its payload, then checks, a
-CRC-32 and a dequantisation into float32; for an RDA merge, the decoded vector's per-segment
-squared norms follow (``core.merge.segment_sq_norms``) while it is still in cache, so the merge
+CRC-32 and a decode into a pooled fragment-sized buffer: an int8/int4 payload keeps its codes
+and scales there (``codes=True``: a ``core.blockwise.Blockwise``, 1 B/element, which the merge
+reads directly), any other codec is decoded to float32. For an RDA merge, Δ's per-segment
+squared norms follow (``core.merge.segment_sq_norms``) while it is in cache, so the merge
 reads it once instead of twice (once from memory just for the norms). All but the GET run
 outside the GIL (zlib, numpy) and take most of the time, so a ``Prefetcher`` runs them for the
 next entries on a worker thread while the synchronizer's loop admits, merges and commits the
@@ -31,7 +33,8 @@ Both ways run the same ``_read_now`` (read, decode, norms), so results are bit-i
 With fetch processes (``processes > 0``; ``dd_queue.fetchers``, Linux) the GET, the checks, the
 decode and the norms all run in child processes, each with its own interpreter and Redis
 connection, and the child decodes into the very pooled array (in shared memory) that the loop
-then merges from. The loop only sends requests and takes replies, so neither side waits for the
+then merges from (codes and scales, or float32: ``codec.codes_view`` gives the loop the same
+``Blockwise`` views of its buffer that the child wrote). The loop only sends requests and takes replies, so neither side waits for the
 other's GIL; a reply is what ``_read_now`` returns or raises for the entry (a payload of another
 size is read here, inline). A read that is discarded before its reply keeps its array out of the
 pool (the child may still be writing into it).
@@ -51,6 +54,8 @@ from typing import Any, NamedTuple, cast
 
 from dd_queue import fetchers
 from dd_queue.bus import BlobRef, Bus, Entry, RedisBus, ops
+from dd_queue.core.blockwise import Delta
+from dd_queue.core.codec import codes_view, keeps_codes
 from dd_queue.core.fragments import Fragment
 from dd_queue.core.merge import F32, F64, segment_sq_norms
 from dd_queue.errors import DDQError
@@ -63,12 +68,13 @@ log = logging.getLogger("dd_queue.synchronizer")
 
 
 class Decoded(NamedTuple):
-    """One read ``up`` entry: ``ops.read_contribution``'s message and decoded Δ, and Δ's
-    squared segment norms (``segment_sq_norms``; None for a mean merge, or a Δ of another
-    size, which admission refuses)."""
+    """One read ``up`` entry: ``ops.read_contribution``'s message and Δ (float32, or an
+    int8/int4 payload's codes: a ``Blockwise`` in a pooled buffer), and Δ's squared segment
+    norms (``segment_sq_norms``; None for a mean merge, or a Δ of another size, which
+    admission refuses)."""
 
     msg: Contribution
-    delta: F32
+    delta: Delta
     sq_norms: F64 | None
 
 
@@ -227,7 +233,7 @@ class Prefetcher:
                 out = ctx.buffers.take(elements)
         try:
             msg, delta = ops.read_contribution(
-                bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out, parsed=parsed
+                bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out, parsed=parsed, codes=True
             )
             norms = None
             if self._norms and delta.size == elements:
@@ -250,7 +256,8 @@ class Prefetcher:
             self._ctx.buffers.give([read.out])
             return self._read_now(entry, self._ctx.bus, fragment)
         msg, sq_norms = reply
-        return Decoded(msg, read.out, sq_norms)
+        delta = codes_view(msg.tensor, read.out) if keeps_codes(msg.tensor) else read.out
+        return Decoded(msg, delta, sq_norms)
 
     def _cancel(self, read: Future[Decoded] | _InChild) -> None:
         if isinstance(read, _InChild):

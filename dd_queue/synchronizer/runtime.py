@@ -17,6 +17,7 @@ import numpy as np
 
 from dd_queue.bus import BlobRef, CommitOp, Entry, Lease, SetOp, ops
 from dd_queue.core.anchor import VersionRing
+from dd_queue.core.blockwise import Delta
 from dd_queue.core.fragments import Fragment, FragmentPlan, flatten_fragment
 from dd_queue.core.merge import F32, F64
 from dd_queue.core.outer import NesterovState
@@ -48,7 +49,7 @@ class Held:
 
     entry: Entry
     msg: Contribution
-    delta: F32
+    delta: Delta
     blob: BlobRef
     sq_norms: F64 | None = None
 

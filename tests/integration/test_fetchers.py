@@ -26,6 +26,7 @@ import pytest
 from dd_queue import fetchers
 from dd_queue.bus import Entry, RedisBus, RedisOptions
 from dd_queue.clock import SystemClock
+from dd_queue.core.blockwise import as_float32
 from dd_queue.core.codec import CodecSpec, encode
 from dd_queue.errors import BusError
 from dd_queue.synchronizer import Synchronizer
@@ -59,13 +60,14 @@ def sync(bus: RedisBus) -> Iterator[Synchronizer]:
 
 
 def outcome(read: Any, entry: Entry) -> tuple[Any, ...]:
-    """What a read gives, in comparable form: the message, Δ's bytes and the norms, or the
-    exception's type and message."""
+    """What a read gives, in comparable form: the message, Δ's form (float32 or blockwise
+    codes) and bits, and the norms, or the exception's type and message."""
     try:
         msg, delta, norms = read(entry)
     except Exception as exc:  # the exception is the outcome compared
         return ("error", type(exc).__name__, str(exc))
-    return ("ok", msg, delta.tobytes(), None if norms is None else norms.tobytes())
+    bits = as_float32(delta).tobytes()
+    return ("ok", msg, type(delta).__name__, bits, None if norms is None else norms.tobytes())
 
 
 def test_a_fetch_process_reads_exactly_what_an_inline_read_gives(
@@ -84,6 +86,8 @@ def test_a_fetch_process_reads_exactly_what_an_inline_read_gives(
         "L4": {"delta": delta, "encoded": bad_crc},
         "L5": {"delta": np.zeros(size + 3, np.float32)},  # another size: read inline
         "L6": {"delta": delta},  # its payload is deleted below
+        "L7": {"delta": delta, "encoded": encode(delta, CodecSpec("int4", block_size=16))},
+        "L8": {"delta": delta, "encoded": encode(delta, CodecSpec("int8", zstd_level=3))},
     }
     for learner, kw in cases.items():
         contribute(bus, cfg, learner_id=learner, fragment_id=0, round_id=0, base_version=0, **kw)
@@ -103,7 +107,11 @@ def test_a_fetch_process_reads_exactly_what_an_inline_read_gives(
         ahead.close()
     assert got == expected
     kinds = [o[0] if o[0] == "ok" else o[1] for o in got]
-    assert kinds == ["ok", "ok", "ok", "NonFiniteValues", "CorruptPayload", "ok", "BlobMissing"]
+    assert kinds == [
+        *("ok", "ok", "ok", "NonFiniteValues", "CorruptPayload", "ok", "BlobMissing", "ok", "ok")
+    ]
+    forms = [o[2] for o in got if o[0] == "ok"]  # int8 and int4 stay codes, in shared memory
+    assert forms == ["ndarray", "Blockwise", "ndarray", "ndarray", "Blockwise", "Blockwise"]
 
 
 def test_a_dead_fetch_process_fails_its_reads_and_is_replaced(
