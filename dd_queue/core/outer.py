@@ -70,41 +70,53 @@ def nesterov_step(
     lr: float,
     momentum: float,
     weight_decay: float = 0.0,
+    out: tuple[F32, NesterovState] | None = None,
 ) -> None:
-    """One outer step, in place on ``params`` and ``state`` (formulas in the module doc).
+    """One outer step, in place on ``params`` and ``state`` (formulas in the module doc), or
+    into ``out``.
 
     Args:
-        params: Θ_p, float32, updated in place.
+        params: Θ_p, float32, updated in place (read only with ``out``).
         delta: The merged pseudo-gradient Δ (read only), same shape.
-        state: Momentum buffer and step count, updated in place.
+        state: Momentum buffer and step count, updated in place (read only with ``out``).
         lr: Outer learning rate (≥ 0; DiLoCo used 0.7).
         momentum: μ in [0, 1) (DiLoCo used 0.9); 0 is plain SGD.
         weight_decay: λ ≥ 0, added to the gradient as λ·Θ (torch's coupled decay).
+        out: New Θ_p and state to write instead (arrays of the same shape that overlap
+            none of the inputs; their content is ignored): the same values as in place,
+            without first copying Θ_p and b to keep the old ones.
 
     Raises:
-        CoreError: Shapes or dtypes differ, or a hyperparameter is out of range.
+        CoreError: Shapes or dtypes differ, ``out`` overlaps an input, or a hyperparameter
+            is out of range.
     """
     _check_step_args(params, delta, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    p_out, s_out = out if out is not None else (params, state)
+    if out is not None:
+        _check_out(p_out, s_out, (params, delta, state.momentum_buffer))
     first = state.step == 0
-    buf = state.momentum_buffer
+    buf, b_out = state.momentum_buffer, s_out.momentum_buffer
     g_tmp = np.empty(min(CHUNK_ELEMENTS, params.size), dtype=np.float32)
     u_tmp = np.empty_like(g_tmp)
     for start in range(0, params.size, CHUNK_ELEMENTS):
         stop = min(start + CHUNK_ELEMENTS, params.size)
         p, b, n = params[start:stop], buf[start:stop], stop - start
+        pn, bn = p_out[start:stop], b_out[start:stop]
         g = delta[start:stop]
         if weight_decay:
             g = np.add(g, np.multiply(p, weight_decay, out=g_tmp[:n]), out=g_tmp[:n])
         u = g
         if momentum:
             if first:
-                np.copyto(b, g)
+                np.copyto(bn, g)
             else:
-                np.multiply(b, momentum, out=b)
-                np.add(b, g, out=b)
-            u = np.add(g, np.multiply(b, momentum, out=u_tmp[:n]), out=u_tmp[:n])
-        np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=p)
-    state.step += 1
+                np.multiply(b, momentum, out=bn)
+                np.add(bn, g, out=bn)
+            u = np.add(g, np.multiply(bn, momentum, out=u_tmp[:n]), out=u_tmp[:n])
+        elif bn is not b:
+            np.copyto(bn, b)  # plain SGD leaves the buffer alone
+        np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=pn)
+    s_out.step = state.step + 1
 
 
 def state_to_bytes(state: NesterovState) -> bytes:
@@ -176,6 +188,16 @@ def _validated(buf: npt.NDArray[Any], step: Any, size: int | None) -> NesterovSt
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CoreError(f"outer state step must be an integer ≥ 0, got {step!r}")
     return NesterovState(momentum_buffer=buf.astype(np.float32), step=step)
+
+
+def _check_out(params: F32, state: NesterovState, inputs: tuple[F32, ...]) -> None:
+    for a in (params, state.momentum_buffer):
+        if a.dtype != np.float32 or a.shape != inputs[0].shape:
+            raise CoreError(f"out arrays must be float32 of shape {inputs[0].shape}")
+        if any(np.may_share_memory(a, x) for x in inputs):
+            raise CoreError("out arrays must not overlap Θ_p, Δ or the momentum buffer")
+    if np.may_share_memory(params, state.momentum_buffer):
+        raise CoreError("out Θ_p and momentum buffer must be separate arrays")
 
 
 def _check_step_args(

@@ -77,11 +77,19 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
     )
     t1 = clock.now()
     theta = buffers.take(size)
-    np.copyto(theta, rt.theta)
     momentum = NesterovState(buffers.take(size), rt.momentum.step)
-    np.copyto(momentum.momentum_buffer, rt.momentum.momentum_buffer)
-    if result.kind == "merged":
-        nesterov_step(theta, result.delta, momentum, lr=sync.outer_lr, momentum=sync.outer_momentum)
+    if result.kind == "merged":  # into new arrays: Θ_p and b stay as committed until the commit
+        nesterov_step(
+            rt.theta,
+            result.delta,
+            rt.momentum,
+            lr=sync.outer_lr,
+            momentum=sync.outer_momentum,
+            out=(theta, momentum),
+        )
+    else:
+        np.copyto(theta, rt.theta)
+        np.copyto(momentum.momentum_buffer, rt.momentum.momentum_buffer)
     dropped = {a.learner_id: a.reason for a in anchorings if a.dropped}
     weights = dict(zip(result.learner_ids, result.weights, strict=True))
     outcomes = tuple(

@@ -206,3 +206,44 @@ def test_invalid_step_arguments_raise_core_error() -> None:
     with pytest.raises(CoreError, match="size"):
         NesterovState.zeros(-1)
     assert state.step == 0  # nothing moved
+
+
+@pytest.mark.parametrize(("momentum", "weight_decay"), [(0.9, 0.0), (0.0, 0.0), (0.9, 0.01)])
+def test_a_step_into_new_arrays_gives_the_in_place_bits_and_leaves_the_inputs(
+    momentum: float, weight_decay: float
+) -> None:
+    rng = np.random.default_rng(5)
+    n = 200_003  # several chunks and a ragged end
+    theta = rng.standard_normal(n).astype(np.float32)
+    state = NesterovState(rng.standard_normal(n).astype(np.float32), step=3)
+    kw = {"lr": 0.7, "momentum": momentum, "weight_decay": weight_decay}
+    for _ in range(2):  # a later step, then a first one (b initialised with the gradient)
+        delta = rng.standard_normal(n).astype(np.float32)
+        before = (theta.copy(), state.momentum_buffer.copy(), state.step)
+        new = (np.empty_like(theta), NesterovState(np.empty_like(theta), step=-7))
+        nesterov_step(theta, delta, state, out=new, **kw)
+        in_place = (theta.copy(), NesterovState(state.momentum_buffer.copy(), state.step))
+        nesterov_step(*in_place[:1], delta, in_place[1], **kw)
+        assert new[0].tobytes() == in_place[0].tobytes()
+        assert new[1].momentum_buffer.tobytes() == in_place[1].momentum_buffer.tobytes()
+        assert new[1].step == in_place[1].step == before[2] + 1
+        assert theta.tobytes() == before[0].tobytes()  # the inputs are as they were
+        assert state.momentum_buffer.tobytes() == before[1].tobytes() and state.step == before[2]
+        state = NesterovState(state.momentum_buffer, step=0)
+
+
+def test_a_step_into_arrays_that_overlap_its_inputs_is_refused() -> None:
+    theta, delta = np.ones(8, np.float32), np.ones(8, np.float32)
+    state = NesterovState.zeros(8)
+    for out in [
+        (theta, NesterovState.zeros(8)),
+        (np.empty(8, np.float32), NesterovState(delta)),
+        (np.empty(8, np.float32), NesterovState(np.empty(7, np.float32))),
+    ]:
+        with pytest.raises(CoreError):
+            nesterov_step(theta, delta, state, lr=0.5, momentum=0.9, out=out)
+    shared = np.empty(8, np.float32)
+    with pytest.raises(CoreError, match="separate"):
+        nesterov_step(
+            theta, delta, state, lr=0.5, momentum=0.9, out=(shared, NesterovState(shared))
+        )
