@@ -18,6 +18,11 @@ not shrink with M, dominate at M = 2 (e.g. 15% at 256K elements, M = 2).
 
 The fragment is laid out like a small transformer's: one embedding tensor (1/8 of N, always merged
 by the weighted mean) and six dense tensors.
+
+A second table compares, for int8 contributions (blocks of 256), what the synchronizer does with
+them (``codec.decode_delta``: the codes and scales kept, ``core.blockwise``) against decoding them
+to float32 first, timed alternately: the RDA merge + outer step, the per-segment norms a fetch
+process computes, and the decode itself. Speed-up = decoded time ÷ codes time.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from dd_queue.core.codec import CodecSpec, DecodeLimits, decode, decode_delta, encode
 from dd_queue.core.fragments import Fragment, plan_fragments
-from dd_queue.core.merge import ContributionData, merge_fragment
+from dd_queue.core.merge import ContributionData, merge_fragment, segment_sq_norms
 from dd_queue.core.outer import NesterovState, nesterov_step
 
 TARGETS = {"mean": 0.25, "rda": 0.10}
@@ -116,6 +122,77 @@ def _row(rule: str, vectors: list[np.ndarray], fragment: Fragment, repeats: int)
     }
 
 
+def _codes_rows(n: int, learners: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+    """int8 contributions: codes (``decode_delta``) against decoded float32, step by step."""
+    fragment, limits = _fragment(n), DecodeLimits()
+    encoded = [encode(v * np.float32(1e-3), CodecSpec("int8")) for v in _contributions(n, 2)]
+    e = encoded[0]
+    codes = [decode_delta(x.header, x.payload, limits=limits) for x in encoded]
+    floats = [decode(x.header, x.payload, limits=limits) for x in encoded]
+    out = np.empty(n, dtype=np.float32)
+    # as in the synchronizer, the merge gets the norms computed ahead (by the fetch processes)
+    codes_norms = [segment_sq_norms(d, fragment) for d in codes]
+    float_norms = [segment_sq_norms(d, fragment) for d in floats]
+    rows = []
+
+    def row(step: str, m: int, a: Callable[[], object], b: Callable[[], object]) -> None:
+        codes_s, decoded_s = _best_pair_s(a, b, repeats)
+        rows.append(
+            {
+                "step": step,
+                "learners": m,
+                "elements": n,
+                "codes_ms": codes_s * 1e3,
+                "decoded_ms": decoded_s * 1e3,
+                "speedup": decoded_s / codes_s,
+            }
+        )
+
+    row(
+        "decode (one payload)",
+        1,
+        lambda: decode_delta(e.header, e.payload, out=out, limits=limits),
+        lambda: decode(e.header, e.payload, out=out, limits=limits),
+    )
+    row(
+        "segment norms (one payload)",
+        1,
+        lambda: segment_sq_norms(codes[0], fragment),
+        lambda: segment_sq_norms(decode(e.header, e.payload, out=out, limits=limits), fragment),
+    )
+    params, state = np.zeros(n, dtype=np.float32), NesterovState.zeros(n)
+    for m in learners:
+
+        def merge(deltas: list[Any], norms: list[Any], m: int = m) -> None:
+            contribs = [
+                ContributionData(f"L{i}", deltas[i % 2], 4096 + 64 * i, 8, 0, norms[i % 2])
+                for i in range(m)
+            ]
+            result = merge_fragment(contribs, fragment, rule="rda", out=out)
+            nesterov_step(params, result.delta, state, lr=0.7, momentum=0.9)
+
+        row(
+            "rda merge + outer step",
+            m,
+            lambda: merge(codes, codes_norms),
+            lambda: merge(floats, float_norms),
+        )
+    return rows
+
+
+def _codes_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| int8 step | M | elements | codes ms | decoded ms | speed-up |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['step']} | {r['learners']} | {r['elements']:,} | {r['codes_ms']:.2f} "
+            f"| {r['decoded_ms']:.2f} | {r['speedup']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| rule | M | elements | MB read | merge+outer ms | GB/s | copy GB/s | ratio | target | |",
@@ -147,7 +224,9 @@ def main() -> int:
         del vectors
     print(_table(rows))
     all_pass = all(r["passed"] for r in rows)
-    print(f"\n{'all rows PASS' if all_pass else 'some rows FAIL'}")
+    print(f"\n{'all rows PASS' if all_pass else 'some rows FAIL'}\n")
+    codes = _codes_rows(1 << 20, (2, 16), args.repeats)
+    print(_codes_table(codes))
     if args.json:
         summary = {
             "bench": "merge",
@@ -156,6 +235,7 @@ def main() -> int:
             "machine": platform.machine(),
             "rows": rows,
             "all_pass": all_pass,
+            "int8_codes_rows": codes,
         }
         print(json.dumps(summary))
     return 0 if all_pass else 1

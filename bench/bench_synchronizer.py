@@ -40,6 +40,7 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
+import os
 import sys
 import time
 from pathlib import Path
@@ -143,7 +144,57 @@ class Learners:
             ops.send_contribution(self.bus, msg, encoded, ttl_s=600)
 
 
-def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int, int]:
+    """(all, idle + iowait, steal) CPU ticks of the machine so far (/proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values[:8]), values[3] + values[4], values[7]
+
+
+def fetch_children() -> list[int]:
+    """Process ids of this process's fetch processes (``python -m dd_queue.fetchers``)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if ppid == os.getpid() and b"dd_queue.fetchers" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+class CpuMeter:
+    """CPU seconds used by each role's processes, and the machine's idle and steal shares,
+    between ``__init__`` and ``stop``: where the machine's time goes in a round."""
+
+    def __init__(self, roles: dict[str, list[int]]) -> None:
+        self.roles = roles
+        self._start = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+        self._machine = machine_ticks()
+
+    def stop(self, rounds: int) -> dict[str, float]:
+        """ms of CPU per merged round by role, then ``idle_pct`` and ``steal_pct``."""
+        used = {role: sum(map(cpu_seconds, pids)) for role, pids in self.roles.items()}
+        per_round = {
+            role: 1000 * (used[role] - self._start[role]) / max(rounds, 1) for role in self.roles
+        }
+        total, idle, steal = (b - a for a, b in zip(self._machine, machine_ticks(), strict=True))
+        return {
+            **per_round,
+            "total": sum(per_round.values()),
+            "idle_pct": 100 * idle / max(total, 1),
+            "steal_pct": 100 * steal / max(total, 1),
+        }
+
+
+def run_ours(url: str, args: argparse.Namespace, redis_pid: int) -> dict[str, Any]:
     cfg = config(url, args)
     rng = np.random.default_rng(0)
     source = ArraySource(
@@ -168,13 +219,22 @@ def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
     learners.start()
     if not ready.wait(60):
         raise RuntimeError("the learners' process did not start")
+    assert learners.pid is not None
+    roles = {
+        "synchronizer": [os.getpid()],
+        "fetch_processes": fetch_children(),
+        "redis_server": [redis_pid],
+        "learners": [learners.pid],
+    }
+    meter = CpuMeter(roles)
     started = time.perf_counter()
     while time.perf_counter() - started < args.seconds:
         sync.pump(block_ms=50)
     elapsed = time.perf_counter() - started
+    rounds, latencies = merged_rounds(bus, cfg)
+    cpu = meter.stop(len(rounds))
     stop.set()
     learners.join(30)
-    rounds, latencies = merged_rounds(bus, cfg)
     merged_bytes = sum(bus_state_counter(bus, cfg, p, "bytes_in") for p in range(args.fragments))
     sync.close()
     bus.close()
@@ -186,6 +246,7 @@ def run_ours(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "latency_p50_ms": float(np.percentile(latencies, 50)) if latencies else float("nan"),
         "latency_p99_ms": float(np.percentile(latencies, 99)) if latencies else float("nan"),
         "payload_mb_per_round": args.learners * payloads[0].payload.nbytes / MB,
+        "cpu_ms_per_round": cpu,
     }
 
 
@@ -228,9 +289,12 @@ def produce_raw(url: str, stream: str, payload: bytes, n: int, ready: Any, go: A
     producer.close()
 
 
-def run_raw(url: str, payload: bytes, n: int, tag: str) -> float:
+def run_raw(
+    url: str, payload: bytes, n: int, tag: str, redis_pid: int, per_round: int
+) -> tuple[float, dict[str, float]]:
     """MB/s of ``n`` payloads through plain redis-py ``XADD`` (payload inline) and
-    ``XREADGROUP`` + ``XACK``: a producer process against a consumer (this thread)."""
+    ``XREADGROUP`` + ``XACK``: a producer process against a consumer (this thread); and the
+    CPU ms this took per ``per_round`` payloads (a round's worth), by process."""
     stream, client = f"raw:{tag}:up", redis.Redis.from_url(url)
     client.xgroup_create(stream, "g", id="0", mkstream=True)
     spawn = mp.get_context("spawn")
@@ -239,6 +303,10 @@ def run_raw(url: str, payload: bytes, n: int, tag: str) -> float:
     process.start()
     if not ready.wait(60):
         raise RuntimeError("the raw producer's process did not start")
+    assert process.pid is not None
+    meter = CpuMeter(
+        {"consumer": [os.getpid()], "producer": [process.pid], "redis_server": [redis_pid]}
+    )
     started = time.perf_counter()
     go.set()
     done = 0
@@ -251,10 +319,11 @@ def run_raw(url: str, payload: bytes, n: int, tag: str) -> float:
             client.xack(stream, "g", *[entry_id for entry_id, _ in batch])
         done += len(batch)
     elapsed = time.perf_counter() - started
+    cpu = meter.stop(n // per_round)  # (the producer has sent everything; it is exiting)
     process.join(30)
     client.delete(stream)
     client.close()
-    return n * len(payload) / MB / elapsed
+    return n * len(payload) / MB / elapsed, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,10 +357,12 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = encode(np.zeros(args.elements, np.float32), CodecSpec(args.codec)).payload.nbytes
         payload = np.random.default_rng(1).bytes(nbytes)
         n_raw = args.raw_payloads
-        raw_before = run_raw(server.url, payload, n_raw, "a")
-        ours = run_ours(server.url, args)
-        raw_after = run_raw(server.url, payload, n_raw, "b")
+        assert server.pid is not None
+        raw_before, cpu_before = run_raw(server.url, payload, n_raw, "a", server.pid, args.learners)
+        ours = run_ours(server.url, args, server.pid)
+        raw_after, cpu_after = run_raw(server.url, payload, n_raw, "b", server.pid, args.learners)
     raw = max(raw_before, raw_after)
+    raw_cpu = cpu_before if raw_before >= raw_after else cpu_after
     ratio = ours["payload_mb_s"] / raw
     took = time.perf_counter() - wall
     print(f"redis-server {version}; M={args.learners} P={args.fragments} ", end="")
@@ -305,6 +376,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{ours['latency_p99_ms']:.0f} | {ours['payload_mb_s']:.0f} | {raw:.0f} | "
         f"{ratio:.0%} | ≥ 50% {'PASS' if ratio >= 0.5 else 'FAIL'} |"
     )
+    cpu = ours["cpu_ms_per_round"]
+    print(
+        "\nCPU ms per merged round (this process = the synchronizer's loop; machine idle, steal)\n"
+    )
+    print("| synchronizer | fetch processes | redis-server | learners | total | idle | steal |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {cpu['synchronizer']:.1f} | {cpu['fetch_processes']:.1f} | {cpu['redis_server']:.1f} "
+        f"| {cpu['learners']:.1f} | {cpu['total']:.1f} | {cpu['idle_pct']:.0f}% "
+        f"| {cpu['steal_pct']:.0f}% |"
+    )
+    print(f"\nraw, CPU ms per {args.learners} payloads (the better raw run)\n")
+    print("| consumer | producer | redis-server | total | idle | steal |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {raw_cpu['consumer']:.1f} | {raw_cpu['producer']:.1f} | "
+        f"{raw_cpu['redis_server']:.1f} | {raw_cpu['total']:.1f} | {raw_cpu['idle_pct']:.0f}% "
+        f"| {raw_cpu['steal_pct']:.0f}% |"
+    )
     if args.json:
         print(
             json.dumps(
@@ -313,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     "raw_mb_s": raw,
                     "raw_before_mb_s": raw_before,
                     "raw_after_mb_s": raw_after,
+                    "raw_cpu_ms_per_round": raw_cpu,
                     "ratio": ratio,
                     "redis_version": version,
                     "learners": args.learners,

@@ -79,6 +79,11 @@ class RedisProcess:
         return f"redis://{self.host}:{self.port}/0"
 
     @property
+    def pid(self) -> int | None:
+        """The running server's process id (None when stopped)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def log_path(self) -> Path:
         return self.dir / "redis.log"
 
