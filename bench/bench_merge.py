@@ -125,7 +125,9 @@ def _row(rule: str, vectors: list[np.ndarray], fragment: Fragment, repeats: int)
 def _codes_rows(n: int, learners: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
     """int8 contributions: codes (``decode_delta``) against decoded float32, step by step."""
     fragment, limits = _fragment(n), DecodeLimits()
-    encoded = [encode(v * np.float32(1e-3), CodecSpec("int8")) for v in _contributions(n, 2)]
+    vectors = _contributions(n, max(learners))  # distinct, as a round's contributions are
+    encoded = [encode(v * np.float32(1e-3), CodecSpec("int8")) for v in vectors]
+    del vectors
     e = encoded[0]
     codes = [decode_delta(x.header, x.payload, limits=limits) for x in encoded]
     floats = [decode(x.header, x.payload, limits=limits) for x in encoded]
@@ -165,7 +167,7 @@ def _codes_rows(n: int, learners: tuple[int, ...], repeats: int) -> list[dict[st
 
         def merge(deltas: list[Any], norms: list[Any], m: int = m) -> None:
             contribs = [
-                ContributionData(f"L{i}", deltas[i % 2], 4096 + 64 * i, 8, 0, norms[i % 2])
+                ContributionData(f"L{i}", deltas[i], 4096 + 64 * i, 8, 0, norms[i])
                 for i in range(m)
             ]
             result = merge_fragment(contribs, fragment, rule="rda", out=out)
