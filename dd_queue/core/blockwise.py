@@ -38,6 +38,7 @@ import numpy.typing as npt
 from dd_queue.errors import CoreError
 
 __all__ = [
+    "EXACT_SQ_BLOCK",
     "MAX_FOLDED_BLOCK",
     "Blockwise",
     "CodesSum",
