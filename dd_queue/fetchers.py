@@ -1,14 +1,15 @@
 """Fetch processes: contributions read and decoded in child processes, into shared memory.
 
 Reading a contribution is a GET of ~1 MB (int8), a CRC and a decode (an int8/int4 payload's codes
-and scales are kept, ``core.blockwise``; other codecs become float32), then its segment norms. In threads of the synchronizer's own process that work and the loop's
-merge share one GIL: every numpy call hands the GIL over, and measured on 2 vCPUs the merge's
-wall time doubled (16 → 30–37 ms a round, for 13–15 ms of CPU) and each GET took 1.5–2× longer
-than alone, with 40% of the machine idle (bench/bench_synchronizer.py; BENCHMARKS.md). A child
-process has its own interpreter: ``FetchProcesses`` runs ``ops.read_contribution`` and
-``segment_sq_norms`` there, with the child's own Redis connection, and the child writes the
-result straight into the array the loop will merge from. That array lives in shared memory
-(``shared_bytes``: a memfd, mapped by both processes), so nothing is copied between processes.
+and scales are kept, ``core.blockwise``; other codecs become float32), then its segment norms. In
+threads of the synchronizer's own process that work and the loop's merge share one GIL: every numpy
+call hands the GIL over, and measured on 2 vCPUs the merge's wall time doubled (16 → 30–37 ms a
+round, for 13–15 ms of CPU) and each GET took 1.5–2× longer than alone, with 40% of the machine
+idle (bench/bench_synchronizer.py; BENCHMARKS.md). A child process has its own interpreter:
+``FetchProcesses`` runs ``ops.read_contribution`` and ``segment_sq_norms`` there, with the child's
+own Redis connection, and the child writes the result straight into the array the loop will merge
+from. That array lives in shared memory (``shared_bytes``: a memfd, mapped by both processes), so
+nothing is copied between processes.
 
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one pickled message per packet, trusted: the child
 is ours). Request: ``(ticket, entry, fragment index, layout, offset, forget)`` with the memfd of

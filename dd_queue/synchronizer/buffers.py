@@ -3,8 +3,8 @@
 Each round decodes M contributions into float32 arrays of the fragment's size (an int8/int4
 payload keeps its codes and scales in the first ~1.02 B/element of one: ``core.blockwise``; the
 pool takes such a ``Blockwise`` back as its buffer) and makes a new Θ_p, momentum and merged Δ
-of the same size. Fresh arrays that large come from the kernel (numpy
-asks for transparent huge pages), so their first write pays page faults that zero every page:
+of the same size. Fresh arrays that large come from the kernel (numpy asks for transparent huge
+pages), so their first write pays page faults that zero every page:
 measured here, a 1M-element int8 decode took 2.6 ms into a fresh array and 1.5 ms into a reused
 one. A ``BufferPool`` keeps arrays the synchronizer is done with and hands them out again.
 

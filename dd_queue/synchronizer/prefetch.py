@@ -32,12 +32,12 @@ Both ways run the same ``_read_now`` (read, decode, norms), so results are bit-i
 
 With fetch processes (``processes > 0``; ``dd_queue.fetchers``, Linux) the GET, the checks, the
 decode and the norms all run in child processes, each with its own interpreter and Redis
-connection, and the child decodes into the very pooled array (in shared memory) that the loop
-then merges from (codes and scales, or float32: ``codec.codes_view`` gives the loop the same
-``Blockwise`` views of its buffer that the child wrote). The loop only sends requests and takes replies, so neither side waits for the
-other's GIL; a reply is what ``_read_now`` returns or raises for the entry (a payload of another
-size is read here, inline). A read that is discarded before its reply keeps its array out of the
-pool (the child may still be writing into it).
+connection, and the child decodes into the very pooled array (in shared memory) that the loop then
+merges from (codes and scales, or float32: ``codec.codes_view`` gives the loop the same
+``Blockwise`` views of its buffer that the child wrote). The loop only sends requests and takes
+replies, so neither side waits for the other's GIL; a reply is what ``_read_now`` returns or raises
+for the entry (a payload of another size is read here, inline). A read that is discarded before its
+reply keeps its array out of the pool (the child may still be writing into it).
 
 Memory: at most ``window`` entries, and at most ``window_bytes`` of decoded float32, are read
 ahead of the loop; further submitted entries wait (as references) for their turn.

@@ -29,6 +29,8 @@ from dd_queue.core.blockwise import (
 from dd_queue.core.codec import (
     CodecSpec,
     DecodeLimits,
+    EncodedTensor,
+    TensorHeader,
     codes_view,
     decode,
     decode_delta,
@@ -44,9 +46,11 @@ LIMITS = DecodeLimits()
 CODECS = st.sampled_from([("int8", 256), ("int8", 8), ("int8", 1000), ("int4", 64), ("int4", 8)])
 
 
-def encoded(n: int, codec: str, block: int, seed: int = 0, zstd: int | None = None) -> object:
+def encoded(
+    n: int, codec: str, block: int, seed: int = 0, zstd: int | None = None
+) -> EncodedTensor:
     x = (np.random.default_rng(seed).standard_normal(n) * 1e-3).astype(np.float32)
-    return encode(x, CodecSpec(codec, block_size=block, zstd_level=zstd))  # type: ignore[arg-type]
+    return encode(x, CodecSpec(codec, block_size=block, zstd_level=zstd))
 
 
 def bits(a: np.ndarray) -> bytes:
@@ -74,12 +78,12 @@ def test_any_range_of_the_codes_dequantises_to_the_decoded_bits(
     codec: tuple[str, int], n: int, zstd: int | None, data: st.DataObject
 ) -> None:
     e = encoded(n, *codec, zstd=zstd)
-    ref = decode(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+    ref = decode(e.header, e.payload, limits=LIMITS)
     out = np.empty(n, np.float32)
-    d = decode_delta(e.header, e.payload, out=out, limits=LIMITS)  # type: ignore[attr-defined]
+    d = decode_delta(e.header, e.payload, out=out, limits=LIMITS)
     assert isinstance(d, Blockwise) and d.buffer is out
     assert bits(as_float32(d)) == bits(ref)
-    again = codes_view(e.header, out)  # type: ignore[attr-defined]
+    again = codes_view(e.header, out)
     assert again.codes.tobytes() == d.codes.tobytes() and bits(again.scales) == bits(d.scales)
     start = data.draw(st.integers(0, n))
     stop = data.draw(st.integers(start, n))
@@ -94,10 +98,10 @@ def test_any_range_of_the_codes_dequantises_to_the_decoded_bits(
 
 
 def test_only_blockwise_payloads_with_room_keep_their_codes() -> None:
-    assert keeps_codes(encoded(2, "int8", 8).header)  # type: ignore[attr-defined]
+    assert keeps_codes(encoded(2, "int8", 8).header)
     assert not keeps_codes(encoded(1, "int8", 8).header)  # 4 + 1 bytes > 4
     for codec in ("fp32", "bf16"):
-        e = encode(np.ones(10, np.float32), CodecSpec(codec))  # type: ignore[arg-type]
+        e = encode(np.ones(10, np.float32), CodecSpec(codec))
         assert not keeps_codes(e.header)
         got = decode_delta(e.header, e.payload, limits=LIMITS)
         assert isinstance(got, np.ndarray) and got.tolist() == [1.0] * 10
@@ -105,7 +109,7 @@ def test_only_blockwise_payloads_with_room_keep_their_codes() -> None:
 
 def test_decode_delta_refuses_what_decode_refuses() -> None:
     e = encoded(1000, "int8", 256)
-    header, payload = e.header, bytes(e.payload)  # type: ignore[attr-defined]
+    header, payload = e.header, bytes(e.payload)
     bad_crc = dataclasses.replace(header, checksum=header.checksum ^ 1)
     nan_scale = bytearray(payload)
     nan_scale[0:4] = np.array([np.nan], np.float32).tobytes()
@@ -129,14 +133,14 @@ def test_decode_delta_refuses_what_decode_refuses() -> None:
         decode_delta(bad_crc, payload, limits=LIMITS)
 
 
-def encode_like(header: object, payload: bytes) -> object:
+def encode_like(header: TensorHeader, payload: bytes) -> TensorHeader:
     """``header`` with the checksum of ``payload`` (an altered payload that passes its CRC)."""
     from dd_queue.core import codec
 
     h = header
     raw = np.frombuffer(payload, np.uint8)
-    crc = codec._checksum(raw, h.codec, h.n_elements, h.block_size, h.shuffle)  # type: ignore[attr-defined]
-    return dataclasses.replace(h, checksum=crc)  # type: ignore[type-var]
+    crc = codec._checksum(raw, h.codec, h.n_elements, h.block_size, h.shuffle)
+    return dataclasses.replace(h, checksum=crc)
 
 
 def test_blockwise_checks_its_arrays() -> None:
@@ -145,9 +149,9 @@ def test_blockwise_checks_its_arrays() -> None:
     with pytest.raises(CoreError):
         Blockwise(q, np.zeros(3, np.float32), 8)
     with pytest.raises(CoreError):
-        Blockwise(q.astype(np.int16), s, 8)  # type: ignore[arg-type]
+        Blockwise(q.astype(np.int16), s, 8)
     with pytest.raises(CoreError):
-        Blockwise(q, s.astype(np.float64), 8)  # type: ignore[arg-type]
+        Blockwise(q, s.astype(np.float64), 8)
     with pytest.raises(CoreError):
         Blockwise(q, s, 8).dequantize(3, 11, np.empty(8, np.float32))
 
@@ -172,17 +176,17 @@ def test_codes_sum_matches_the_float64_sum_on_any_range(
 ) -> None:
     n = max(n, 2)
     deltas = [
-        decode_delta(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+        decode_delta(e.header, e.payload, limits=LIMITS)
         for e in (encoded(n, "int8", block, seed=k) for k in range(g))
     ]
     assert all(isinstance(d, Blockwise) for d in deltas)
     coefs = np.random.default_rng(n).random(g).astype(np.float32) + 0.1
     start = data.draw(st.integers(0, n - 1))
     stop = data.draw(st.integers(start + 1, n))
-    summed = CodesSum(deltas)  # type: ignore[arg-type]
+    summed = CodesSum(deltas)
     dst = np.full(stop - start, 0.25, np.float32)
     summed.into(dst, coefs, start, stop, add=False)
-    ref = sum_reference(deltas, coefs, start, stop)  # type: ignore[arg-type]
+    ref = sum_reference(deltas, coefs, start, stop)
     scale = max(float(np.abs(ref).max()), 1e-30)
     np.testing.assert_allclose(dst, ref, rtol=0, atol=4e-7 * scale * g)
     summed.into(dst, coefs, start, stop, add=True)
@@ -190,12 +194,12 @@ def test_codes_sum_matches_the_float64_sum_on_any_range(
 
 
 def test_codes_sum_refuses_mixed_or_huge_blocks() -> None:
-    a = decode_delta(encoded(100, "int8", 8).header, encoded(100, "int8", 8).payload, limits=LIMITS)  # type: ignore[attr-defined]
+    a = decode_delta(encoded(100, "int8", 8).header, encoded(100, "int8", 8).payload, limits=LIMITS)
     b = decode_delta(
         encoded(100, "int8", 16).header, encoded(100, "int8", 16).payload, limits=LIMITS
-    )  # type: ignore[attr-defined]
+    )
     with pytest.raises(CoreError):
-        CodesSum([a, b])  # type: ignore[list-item]
+        CodesSum([a, b])
     big = Blockwise(np.zeros(10_000, np.int8), np.zeros(2, np.float32), 8192)
     with pytest.raises(CoreError):
         CodesSum([big])
@@ -219,12 +223,12 @@ def test_a_merge_from_codes_is_the_merge_of_the_decoded_vectors_to_rounding(
     codes, floats = [], []
     for k, (codec, block) in enumerate(mix):
         x = (rng.standard_normal(n) * 10.0 ** -(2 + k % 3)).astype(np.float32)
-        e = encode(x, CodecSpec(codec, block_size=block or 256))  # type: ignore[arg-type]
+        e = encode(x, CodecSpec(codec, block_size=block or 256))
         codes.append(decode_delta(e.header, e.payload, limits=LIMITS))
         floats.append(decode(e.header, e.payload, limits=LIMITS))
     weights = rng.random(len(mix)) + 0.1
-    a = merge_weighted(codes, weights, fragment, rule=rule)  # type: ignore[arg-type]
-    b = merge_weighted(floats, weights, fragment, rule=rule)  # type: ignore[arg-type]
+    a = merge_weighted(codes, weights, fragment, rule=rule)
+    b = merge_weighted(floats, weights, fragment, rule=rule)
     for seg in fragment.segments:
         x, y = a.delta[seg.start : seg.stop], b.delta[seg.start : seg.stop]
         np.testing.assert_allclose(x, y, rtol=0, atol=2e-6 * float(np.abs(y).max()))
@@ -232,7 +236,7 @@ def test_a_merge_from_codes_is_the_merge_of_the_decoded_vectors_to_rounding(
     assert a.weights == b.weights and a.fallback_segments == b.fallback_segments
     # deterministic, and the same with the norms computed ahead (as the fetch processes do)
     norms = [segment_sq_norms(d, fragment) for d in codes]
-    again = merge_weighted(codes, weights, fragment, rule=rule, sq_norms=norms)  # type: ignore[arg-type]
+    again = merge_weighted(codes, weights, fragment, rule=rule, sq_norms=norms)
     assert bits(again.delta) == bits(a.delta)
 
 
@@ -241,10 +245,10 @@ def test_codes_norms_are_the_exact_norms_of_q_times_s() -> None:
     fragment = layout(70_000, [3, 999, 40_001])
     for codec, block in [("int8", 256), ("int8", EXACT_SQ_BLOCK * 2), ("int4", 8)]:
         e = encoded(70_000, codec, block)
-        d = decode_delta(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+        d = decode_delta(e.header, e.payload, limits=LIMITS)
         assert isinstance(d, Blockwise)
         exact_values = d.codes.astype(np.float64) * np.repeat(d.scales, block)[: d.size]
-        decoded = decode(e.header, e.payload, limits=LIMITS).astype(np.float64)  # type: ignore[attr-defined]
+        decoded = decode(e.header, e.payload, limits=LIMITS).astype(np.float64)
         got = segment_sq_norms(d, fragment)
         for k, seg in enumerate(fragment.segments):
             x, y = exact_values[seg.start : seg.stop], decoded[seg.start : seg.stop]
@@ -259,12 +263,12 @@ def test_re_anchoring_codes_gives_the_decoded_bits() -> None:
     for v in range(3):
         ring.push(v, rng.standard_normal(n).astype(np.float32))
     e = encoded(n, "int8", 64)
-    d = decode_delta(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
-    x = decode(e.header, e.payload, limits=LIMITS)  # type: ignore[attr-defined]
+    d = decode_delta(e.header, e.payload, limits=LIMITS)
+    x = decode(e.header, e.payload, limits=LIMITS)
     a = re_anchor(ContributionData("L0", d, 10, 2, base_version=0), ring)
     b = re_anchor(ContributionData("L0", x, 10, 2, base_version=0), ring)
     assert a.contribution is not None and b.contribution is not None
-    assert bits(a.contribution.delta) == bits(b.contribution.delta)  # type: ignore[arg-type]
+    assert bits(a.contribution.delta) == bits(b.contribution.delta)
     dst = np.ones(n, np.float32)
     add_into(dst, d)
     assert bits(dst) == bits(np.float32(1) + x)
@@ -276,7 +280,7 @@ def test_merge_fragment_takes_codes_like_vectors() -> None:
     n = 4096
     fragment = layout(n, [1000])
     e = [encoded(n, "int8", 64, seed=k) for k in range(3)]
-    codes = [decode_delta(x.header, x.payload, limits=LIMITS) for x in e]  # type: ignore[attr-defined]
+    codes = [decode_delta(x.header, x.payload, limits=LIMITS) for x in e]
     contribs = [ContributionData(f"L{k}", c, 100 * (k + 1), 4, 0) for k, c in enumerate(codes)]
     result = merge_fragment(contribs, fragment)
     assert result.kind == "merged" and np.isfinite(result.delta).all()
@@ -284,14 +288,14 @@ def test_merge_fragment_takes_codes_like_vectors() -> None:
     with pytest.raises(CoreError, match="blockwise codes of 4095"):
         merge_fragment([*contribs[:2], ContributionData("L9", short, 1, 1, 0)], fragment)
     with pytest.raises(CoreError, match="overlaps"):
-        merge_fragment(contribs, fragment, out=codes[0].buffer)  # type: ignore[union-attr]
+        merge_fragment(contribs, fragment, out=codes[0].buffer)
 
 
 def test_the_pool_takes_back_the_buffer_that_holds_codes() -> None:
     pool = BufferPool()
     out = pool.take(1000)
     e = encoded(1000, "int8", 256)
-    d = decode_delta(e.header, e.payload, out=out, limits=LIMITS)  # type: ignore[attr-defined]
+    d = decode_delta(e.header, e.payload, out=out, limits=LIMITS)
     pool.give([d])
     assert pool.take(1000) is out
     pool.give([Blockwise(np.zeros(4, np.int8), np.zeros(1, np.float32), 8)])  # no buffer: ignored
