@@ -83,6 +83,16 @@ class MemoryKeyValueOps(MemoryCore):
                 self._put(blob_chunk_key(key, index), value, ttl_s)
         return BlobRef(key, len(chunks), total)
 
+    def put_blobs(
+        self, blobs: Sequence[tuple[str, BlobData]], *, ttl_s: float | None
+    ) -> list[BlobRef]:
+        for key, data in blobs:  # every blob checked before anything is written
+            check_key("blob key", key)
+            chunks, total = _chunks.split_chunks(data, self._chunk_bytes)
+            check_blob_size(key, total, len(chunks))
+        with self._cond:
+            return [self.put_blob(key, data, ttl_s=ttl_s) for key, data in blobs]
+
     def append_with_blob(
         self,
         stream: str,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from functools import partial
 
 from redis.commands.core import Script
 from redis.typing import EncodableT, FieldT
@@ -106,43 +105,52 @@ class RedisKeyValueOps:
 
     # ── blobs ─────────────────────────────────────────────────────────────────────────────
     def put_blob(self, key: str, data: BlobData, *, ttl_s: float | None) -> BlobRef:
-        check_key("blob key", key)
-        chunks, total = _chunks.split_chunks(data, self._options.blob_chunk_bytes)
-        check_blob_size(key, total, len(chunks))
+        return self.put_blobs([(key, data)], ttl_s=ttl_s)[0]
+
+    def put_blobs(
+        self, blobs: Sequence[tuple[str, BlobData]], *, ttl_s: float | None
+    ) -> list[BlobRef]:
+        split: list[tuple[str, list[Buffer], int]] = []
+        for key, data in blobs:  # every blob checked before anything is written
+            check_key("blob key", key)
+            chunks, total = _chunks.split_chunks(data, self._options.blob_chunk_bytes)
+            check_blob_size(key, total, len(chunks))
+            split.append((key, chunks, total))
         px_ms = None if ttl_s is None else ttl_ms(ttl_s)
-        if names_fencing_token(key):
-            self._put_exclusive(key, chunks, px_ms)
-            return BlobRef(key, len(chunks), total)
+        self._put_chunks([(key, chunks) for key, chunks, _ in split], px_ms)
+        return [BlobRef(key, len(chunks), total) for key, chunks, total in split]
+
+    def _put_chunks(self, blobs: list[tuple[str, list[Buffer]]], px_ms: int | None) -> None:
+        """Write blobs' chunks in at most two pipelines: token-named blobs with ``SET NX``,
+        chunk 0 first (it claims the name), then their other chunks; the rest in the first."""
+        first: list[tuple[str, int, Buffer, bool]] = []
+        rest: list[tuple[str, int, Buffer, bool]] = []
+        for key, chunks in blobs:
+            exclusive = names_fencing_token(key)
+            for index, chunk in enumerate(chunks):
+                (rest if exclusive and index > 0 else first).append((key, index, chunk, exclusive))
+        for wave in (first, rest):
+            if wave:
+                self._put_wave(wave, px_ms)
+
+    def _put_wave(self, wave: list[tuple[str, int, Buffer, bool]], px_ms: int | None) -> None:
+        """One pipeline of chunk writes ``(key, index, chunk, exclusive)``; an exclusive one
+        (``SET NX``) that found its chunk taken must find the same bytes there (a retry)."""
 
         def send() -> list[object]:
             with self._conn.blobs.pipeline(transaction=False) as pipe:
-                for index, chunk in enumerate(chunks):
-                    pipe.set(blob_chunk_key(key, index), chunk, px=px_ms)
+                for key, index, chunk, exclusive in wave:
+                    pipe.set(blob_chunk_key(key, index), chunk, px=px_ms, nx=exclusive)
                 return pipe.execute()
 
-        self._conn.call("put_blob", send)
-        return BlobRef(key, len(chunks), total)
-
-    def _put_exclusive(self, key: str, chunks: list[Buffer], px_ms: int | None) -> None:
-        """Write chunks with ``SET NX``: chunk 0 first (it claims the name), then the rest."""
-
-        def send(indices: range) -> list[object]:
-            with self._conn.blobs.pipeline(transaction=False) as pipe:
-                for index in indices:
-                    pipe.set(blob_chunk_key(key, index), chunks[index], px=px_ms, nx=True)
-                return pipe.execute()
-
-        for indices in (range(1), range(1, len(chunks))):
-            if not indices:
-                continue
-            written = self._conn.call("put_blob", partial(send, indices))
-            for index, ok in zip(indices, written, strict=True):
-                if not ok and self._get_chunk(blob_chunk_key(key, index)) != bytes(chunks[index]):
-                    raise LeaseLost(
-                        f"staged blob {key!r} (chunk {index}) already holds another payload: "
-                        "another holder staged under the same fencing token; stop acting for "
-                        "this lease and re-acquire (a new token names a new key)"
-                    )
+        written = self._conn.call("put_blob", send)
+        for (key, index, chunk, exclusive), ok in zip(wave, written, strict=True):
+            if exclusive and not ok and self._get_chunk(blob_chunk_key(key, index)) != bytes(chunk):
+                raise LeaseLost(
+                    f"staged blob {key!r} (chunk {index}) already holds another payload: "
+                    "another holder staged under the same fencing token; stop acting for "
+                    "this lease and re-acquire (a new token names a new key)"
+                )
 
     def append_with_blob(
         self,
@@ -166,7 +174,7 @@ class RedisKeyValueOps:
         entry[ref_field] = ref.to_bytes()
         px_ms = ttl_ms(ttl_s)
         if names_fencing_token(blob_key):  # exclusive write first, then the reference
-            self._put_exclusive(blob_key, chunks, px_ms)
+            self._put_chunks([(blob_key, chunks)], px_ms)
             raw = self._conn.call(
                 "append_with_blob",
                 lambda: self._conn.control.xadd(

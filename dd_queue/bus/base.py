@@ -238,6 +238,19 @@ class Bus(Protocol):
         """
         ...
 
+    def put_blobs(
+        self, blobs: Sequence[tuple[str, BlobData]], *, ttl_s: float | None
+    ) -> list[BlobRef]:
+        """``put_blob`` for each ``(key, data)``, in one round trip where the backend allows
+        (Redis: one pipeline, two when a token-named blob has several chunks). Every key and
+        size is checked before anything is written; a ``LeaseLost`` may leave the other blobs
+        written (staged blobs of a dead incarnation, as after a crash before its commit).
+
+        Raises:
+            As ``put_blob``.
+        """
+        ...
+
     def append_with_blob(
         self,
         stream: str,

@@ -31,43 +31,51 @@ from dd_queue.synchronizer.buffers import framed
 from dd_queue.synchronizer.state import FragmentState, VersionRef
 from dd_queue.wire import blob_parts, unpack_blob
 
-__all__ = ["delete_keys_of", "load_momentum", "load_ring", "stage_momentum", "stage_theta"]
+__all__ = ["delete_keys_of", "load_momentum", "load_ring", "stage"]
 
 
-def stage_theta(
-    bus: Bus, lease: Lease, *, fragment_id: int, version: int, theta: F32
-) -> tuple[VersionRef, TensorHeader]:
-    """Write Θ_p(``version``) (exact fp32) under the lease's fencing token, without expiry.
+def stage(
+    bus: Bus,
+    lease: Lease,
+    *,
+    fragment_id: int,
+    version: int,
+    theta: F32,
+    state: NesterovState,
+) -> tuple[VersionRef, TensorHeader, BlobRef]:
+    """Write Θ_p(``version``) (exact fp32) and the outer momentum after it under the lease's
+    fencing token, without expiry, in one round trip (``Bus.put_blobs``).
 
-    Zero-copy for a pooled ``theta`` (module doc): the blob is ``theta``'s own memory with its
-    header in front, handed to the socket as it is; ``theta`` must not change during the call.
+    Zero-copy for pooled arrays (module doc): each blob is the array's own memory with its
+    header in front, handed to the socket as it is; neither may change during the call.
 
     Returns:
-        The ring entry to commit and the tensor header for the ``GlobalFragment`` notification.
+        The ring entry to commit, the tensor header for the ``GlobalFragment`` notification,
+        and the momentum blob's reference.
 
     Raises:
-        LeaseLost: The key already holds another payload (another incarnation's staging).
+        LeaseLost: A key already holds another payload (another incarnation's staging).
     """
-    key = bus.keys.global_blob(fragment_id, version, lease.token)
+    theta_key = bus.keys.global_blob(fragment_id, version, lease.token)
     encoded = encode_fp32_view(theta)
-    prefix, payload = blob_parts(run_id=bus.keys.run_id, blob_key=key, encoded=encoded)
-    ref = bus.put_blob(key, framed(theta, prefix) or [prefix, payload], ttl_s=None)
-    blob = ref.to_bytes().decode()
-    return VersionRef(version=version, blob=blob, tensor=encoded.header), encoded.header
-
-
-def stage_momentum(
-    bus: Bus, lease: Lease, *, fragment_id: int, version: int, state: NesterovState
-) -> BlobRef:
-    """Write the outer momentum after ``version`` under the lease's fencing token, without
-    expiry.
-
-    Raises:
-        LeaseLost: The key already holds another payload (another incarnation's staging).
-    """
-    key = bus.keys.momentum_blob(fragment_id, version, lease.token)
+    prefix, payload = blob_parts(run_id=bus.keys.run_id, blob_key=theta_key, encoded=encoded)
     header, body = state_parts(state)
-    return bus.put_blob(key, framed(state.momentum_buffer, header) or [header, body], ttl_s=None)
+    shared = np.may_share_memory(theta, state.momentum_buffer)  # one headroom: frame one only
+    momentum_blob = None if shared else framed(state.momentum_buffer, header)
+    theta_ref, momentum_ref = bus.put_blobs(
+        [
+            (theta_key, framed(theta, prefix) or [prefix, payload]),
+            (
+                bus.keys.momentum_blob(fragment_id, version, lease.token),
+                momentum_blob or [header, body],
+            ),
+        ],
+        ttl_s=None,
+    )
+    ring_entry = VersionRef(
+        version=version, blob=theta_ref.to_bytes().decode(), tensor=encoded.header
+    )
+    return ring_entry, encoded.header, momentum_ref
 
 
 def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -> F32:

@@ -128,11 +128,8 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     merged = _merge(ctx, rt, held)
     ctx.fault("after_merge")
     t_stage, version = ctx.clock.now(), state.version + 1
-    ref, header = blobs.stage_theta(
-        bus, rt.lease, fragment_id=p, version=version, theta=merged.theta
-    )
-    mref = blobs.stage_momentum(
-        bus, rt.lease, fragment_id=p, version=version, state=merged.momentum
+    ref, header, mref = blobs.stage(
+        bus, rt.lease, fragment_id=p, version=version, theta=merged.theta, state=merged.momentum
     )
     merged.timings_s["stage"] = ctx.clock.now() - t_stage
     reason = f"{decision.reason}; {merged.result.reason}"

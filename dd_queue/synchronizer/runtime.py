@@ -160,9 +160,13 @@ def create_fragment(
     fragment = plan.fragments[fragment_id]
     theta = flatten_fragment(fragment, arrays)
     bus = ctx.bus
-    ref, header = blobs.stage_theta(bus, lease, fragment_id=fragment_id, version=0, theta=theta)
-    momentum = blobs.stage_momentum(
-        bus, lease, fragment_id=fragment_id, version=0, state=NesterovState.zeros(fragment.size)
+    ref, header, momentum = blobs.stage(
+        bus,
+        lease,
+        fragment_id=fragment_id,
+        version=0,
+        theta=theta,
+        state=NesterovState.zeros(fragment.size),
     )
     reason = f"run created from {origin}"
     state = FragmentState(

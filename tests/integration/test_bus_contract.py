@@ -864,6 +864,33 @@ def test_staged_blobs_named_after_a_token_are_never_overwritten(bus_case: BusCas
     assert bus.get_blob(plain) == b"b"
 
 
+def test_several_blobs_are_put_as_each_alone(bus_case: BusCase) -> None:
+    """``put_blobs``: the refs and bytes of ``put_blob`` each, token-named ones never
+    overwritten, and a bad key or size refused before anything is written."""
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    theta_key = bus.keys.global_blob(0, 5, lease.token)
+    momentum_key = bus.keys.momentum_blob(0, 5, lease.token)
+    theta, momentum = bytes(range(256)) * 9, [b"head", memoryview(b"m" * 3000)]  # 3 + 3 chunks
+    plain = bus.keys.up_blob(0, 5, "L0")
+    items = [(theta_key, theta), (momentum_key, momentum), (plain, b"p")]
+    refs = bus.put_blobs(items, ttl_s=None)
+    assert [r.key for r in refs] == [theta_key, momentum_key, plain]
+    assert [r.n_chunks for r in refs] == [3, 3, 1]
+    assert [bus.get_blob(r) for r in refs] == [theta, b"head" + b"m" * 3000, b"p"]
+    assert bus.put_blobs(items, ttl_s=None) == refs  # the same bytes again: a retry
+    with pytest.raises(LeaseLost, match="already holds another payload"):
+        bus.put_blobs([(plain, b"q"), (momentum_key, b"other")], ttl_s=None)
+    assert bus.get_blob(refs[1]) == b"head" + b"m" * 3000
+    untouched = bus.keys.up_blob(0, 6, "L0")
+    with pytest.raises(InvalidArgument):
+        bus.put_blobs([(untouched, b"x"), ("", b"y")], ttl_s=60)
+    with pytest.raises(BlobMissing):
+        bus.get_blob(BlobRef(untouched, 1, 1))
+    assert bus.put_blobs([], ttl_s=60) == []
+
+
 def test_forged_blob_references_read_and_delete_nothing(bus_case: BusCase) -> None:
     bus = bus_case.bus
     k = bus.keys

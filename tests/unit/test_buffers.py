@@ -74,11 +74,12 @@ def test_staged_blobs_are_the_same_bytes_pooled_or_not():
     pooled = pool.take(values.size)
     pooled[:] = values
     for version, theta in enumerate((values, pooled)):
-        vref, _ = blobs.stage_theta(bus, lease, fragment_id=0, version=version, theta=theta)
+        state = NesterovState(theta, step=3)
+        vref, _, mref = blobs.stage(
+            bus, lease, fragment_id=0, version=version, theta=theta, state=state
+        )
         expected = pack_blob(
             run_id="t", blob_key=vref.ref.key, encoded=encode_fp32_view(values.copy())
         )
         assert bus.get_blob(vref.ref) == expected
-        state = NesterovState(theta, step=3)
-        mref = blobs.stage_momentum(bus, lease, fragment_id=0, version=version, state=state)
         assert bus.get_blob(mref) == state_to_bytes(NesterovState(values.copy(), step=3))
