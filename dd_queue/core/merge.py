@@ -327,7 +327,8 @@ def _accumulate(
         if isinstance(v, Blockwise) and v.block_size <= MAX_FOLDED_BLOCK:
             groups.setdefault(v.block_size, []).append(m)
     sums = [(CodesSum([cast(Blockwise, vs[m]) for m in ms]), ms) for ms in groups.values()]
-    rest = [m for m in range(len(vs)) if all(m not in ms for ms in groups.values())]
+    folded = {m for ms in groups.values() for m in ms}
+    rest = [m for m in range(len(vs)) if m not in folded]
     for s, run in itertools.groupby(pieces, key=lambda piece: piece[2]):
         seg_pieces = list(run)  # a segment's pieces: the codes are summed over all of it
         lo, hi = seg_pieces[0][0], seg_pieces[-1][1]

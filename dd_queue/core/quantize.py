@@ -24,6 +24,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from dd_queue.core.blockwise import Blockwise
 from dd_queue.errors import NonFiniteValues
 
 __all__ = [
@@ -252,24 +253,19 @@ def _bf16_into(halves: npt.NDArray[np.uint16], out: Float32Array) -> None:
 
 def _blockwise_into(raw: U8, out: Float32Array, codec: str, block_size: int) -> None:
     n = out.size
-    n_full, tail = divmod(n, block_size)
-    n_blocks = n_full + (tail > 0)
+    n_blocks = -(-n // block_size)
     scales = _checked_scales(raw, codec, n_blocks)
     data = raw[4 * n_blocks :]
-    q = data.view(np.int8) if codec == "int8" else _unpack_int4(data)
-    # Per piece that stays in L2: an int8 → float32 cast, then a float32 multiply by each row's
-    # scale. ~1.6x faster than one mixed-type multiply (which casts through small buffers), and
-    # the multiply re-reads the piece from cache, not memory (which the merge is busy with).
-    per_chunk = max(1, _CHUNK_ELEMENTS // block_size)
-    for b0 in range(0, n_full, per_chunk):
-        b1 = min(b0 + per_chunk, n_full)
-        rows = out[b0 * block_size : b1 * block_size].reshape(-1, block_size)
-        np.copyto(rows, q[b0 * block_size : b1 * block_size].reshape(rows.shape), casting="unsafe")
-        np.multiply(rows, scales[b0:b1, None], out=rows)
-    if tail:
-        split = n_full * block_size
-        np.copyto(out[split:], q[split:n], casting="unsafe")
-        np.multiply(out[split:], scales[n_full], out=out[split:])
+    q = data.view(np.int8) if codec == "int8" else _unpack_int4(data)[:n]
+    # Per piece that stays in L2 (whole blocks): an int8 → float32 cast, then a float32 multiply
+    # by each row's scale (``Blockwise.dequantize``, the one definition of a decoded value).
+    # ~1.6x faster than one mixed-type multiply (which casts through small buffers), and the
+    # multiply re-reads the piece from cache, not memory (which the merge is busy with).
+    codes = Blockwise(q, scales, block_size)
+    step = max(1, _CHUNK_ELEMENTS // block_size) * block_size
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        codes.dequantize(lo, hi, out[lo:hi])
 
 
 def _checked_scales(raw: U8, codec: str, n_blocks: int) -> Float32Array:
