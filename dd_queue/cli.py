@@ -24,13 +24,15 @@ import yaml
 
 from dd_queue import __version__
 from dd_queue.config import load_config
-from dd_queue.errors import DDQError
+from dd_queue.errors import DDQError, exit_code
 
 COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.control.cli",
     "dd_queue.learner.cli",
     "dd_queue.runner.cli",
     "dd_queue.sim.cli",
+    "dd_queue.startup",
+    "dd_queue.supervise",
     "dd_queue.synchronizer.cli",
     "dd_queue.up.cli",
 )
@@ -77,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except DDQError as exc:
         sys.stderr.write(f"ddq: error: {exc}\n")
-        return 2
+        return exit_code(exc)
     return code
 
 

@@ -12,10 +12,16 @@ Catch ``DDQError`` to catch them all. Each message says what went wrong *and wha
     ├── BusError                 the Redis bus (or its in-memory twin) failed
     │   ├── BusUnavailable       the server could not be reached within the bounded retry time
     │   ├── LeaseLost            the caller no longer holds the lease it acted under (fenced)
-    │   └── BlobMissing          a referenced payload key has expired or was never written
+    │   ├── BlobMissing          a referenced payload key has expired or was never written
+    │   └── NotReady             a service's start wait ran out (Redis, the run, a synchronizer)
     └── CoreError                invalid input to the pure algorithm core (shapes, weights, ...)
 
 Quorum shortfall, slow learners and abandoned rounds are *not* errors: they are ``Decision``s.
+
+Exit codes of every ``ddq`` command and service (``exit_code``): 0 done or stopped cleanly;
+2 a misconfiguration (``ConfigError``, ``ProtocolError``, ...): a restart would fail the same
+way, so supervisors give up on it; 3 a dependency failed or stayed away (``BusError``: Redis
+unreachable past its bound, a start wait that ran out, a lost lease): restart it later.
 """
 
 from __future__ import annotations
@@ -80,11 +86,28 @@ class BlobMissing(BusError):
     """A payload key referenced by a stream entry is gone (expired TTL or never written)."""
 
 
+class NotReady(BusError):
+    """What a service waits for at start (Redis, the run, a synchronizer) did not come in time."""
+
+
 class CoreError(DDQError):
     """Invalid input to a pure core function (mismatched shapes, negative weights, ...)."""
 
 
+EXIT_MISCONFIGURED = 2
+"""Exit code of a misconfiguration: fix it, a restart would fail the same way."""
+EXIT_UNAVAILABLE = 3
+"""Exit code of a failed or absent dependency (Redis, the run, a lease): restart later."""
+
+
+def exit_code(exc: DDQError) -> int:
+    """The process exit code for ``exc`` (module docstring): 3 for bus errors, else 2."""
+    return EXIT_UNAVAILABLE if isinstance(exc, BusError) else EXIT_MISCONFIGURED
+
+
 __all__ = [
+    "EXIT_MISCONFIGURED",
+    "EXIT_UNAVAILABLE",
     "BlobMissing",
     "BusError",
     "BusUnavailable",
@@ -95,6 +118,8 @@ __all__ = [
     "IncompatibleMessage",
     "LeaseLost",
     "NonFiniteValues",
+    "NotReady",
     "PayloadTooLarge",
     "ProtocolError",
+    "exit_code",
 ]

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from dd_queue.config import load_config
-from dd_queue.errors import DDQError
+from dd_queue.errors import DDQError, exit_code
 from dd_queue.learner.cli import add_arguments
 from dd_queue.learner.service import run
 
@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(cfg, args.learner_id, environ=os.environ)
     except DDQError as exc:
         sys.stderr.write(f"learner: error: {exc}\n")
-        return 2
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,11 @@ class RunConfig(_Section):
     log_format: Literal["text", "json"] = Field(
         "text", description="text for people, json (one object per line) for tools."
     )
+    start_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="At start, wait this long for Redis (evaluator: and the run), then exit 3.",
+    )
 
     @field_validator("run_id")
     @classmethod

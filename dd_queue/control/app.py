@@ -7,7 +7,8 @@ Everything the routes share hangs off ``app.state``: the :class:`ControlPlane` (
 the fault/chaos actions), the :class:`AdminGate` (bearer token) and the Prometheus registry.
 The lifespan runs a ticker (every ``control.refresh_s``) that refreshes the plane, advances the
 fault watches and fires due chaos faults. Errors map to answers, never to a 500: a Redis failure
-is 503, a refused action 404/409, a bad body 422.
+is 503, a refused action 404/409, a bad body 422. Bodies are read as JSON whatever their
+Content-Type says (``JsonBodies``: ``curl -d`` sends a form type).
 """
 
 from __future__ import annotations
@@ -38,17 +39,34 @@ from dd_queue.control.routes import ROUTERS
 from dd_queue.control.routes.dashboard import STATIC_DIR
 from dd_queue.errors import BusError, DDQError
 
-__all__ = ["create_app"]
+__all__ = ["JsonBodies", "create_app"]
 
 log = logging.getLogger("dd_queue.control")
 
 
+_NOTE_EVERY_S = 5.0
+
+
 async def _ticker(plane: ControlPlane, period_s: float) -> None:
+    failing_since: float | None = None
+    next_note_s = 0.0
     while True:
         try:
             await anyio.to_thread.run_sync(plane.tick)
         except DDQError as exc:  # Redis down: keep ticking, it may come back
-            log.warning("control.tick_failed %s", exc)
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            if now >= next_note_s:
+                log.warning(
+                    "control.waiting for Redis for %.0f s, answering 503 meanwhile: %s",
+                    now - failing_since,
+                    exc,
+                )
+                next_note_s = now + _NOTE_EVERY_S
+        else:
+            if failing_since is not None:
+                log.info("control.redis_back after %.0f s", time.monotonic() - failing_since)
+                failing_since, next_note_s = None, 0.0
         await anyio.sleep(period_s)
 
 
@@ -63,11 +81,49 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_LENIENT_TYPES = frozenset({b"", b"application/x-www-form-urlencoded", b"text/plain"})
+_BODY_HINT = (
+    "the body must be one JSON object, e.g. curl -H 'Content-Type: application/json' "
+    """-d '{"target": "L0", "kind": "stall", "duration_s": 5}'"""
+)
+
+
+class JsonBodies:
+    """ASGI middleware: a body sent to ``/api/`` is read as JSON whatever its Content-Type says.
+
+    ``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``, which FastAPI would not parse
+    as JSON (422 "Input should be a valid dictionary"); a missing or ``text/plain`` type is
+    treated the same way. Other types (multipart, ...) are left alone and get the 422 with a hint.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("POST", "PUT", "PATCH")
+            and scope["path"].startswith("/api/")
+        ):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            given = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+            if given.split(b";")[0].strip().lower() in _LENIENT_TYPES:
+                headers.append((b"content-type", b"application/json"))
+                scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
+
+
 def _handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = _finite(jsonable_encoder(exc.errors()))
-        return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
+        errors = exc.errors()
+        detail = _finite(jsonable_encoder(errors))
+        answer: dict[str, Any] = {"detail": detail}
+        if any(tuple(e.get("loc", ())) == ("body",) for e in errors) or any(
+            e.get("type") == "json_invalid" for e in errors
+        ):
+            answer["hint"] = _BODY_HINT
+        return JSONResponse(answer, status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(BusError)
     async def bus_error(request: Request, exc: BusError) -> JSONResponse:
@@ -130,5 +186,6 @@ def create_app(
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(JsonBodies)
     _handlers(app)
     return app

@@ -14,6 +14,7 @@ gives up. (A lease would close the race completely; heartbeats keep the key tabl
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,19 +56,51 @@ def live_owner(
     return beat, info.age_s
 
 
-def refuse_if_live(bus: Bus, identity: Identity, *, limits: MessageLimits, ttl_s: float) -> None:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
+
+
+def refuse_if_live(
+    bus: Bus,
+    identity: Identity,
+    *,
+    limits: MessageLimits,
+    ttl_s: float,
+    alive: Callable[[int], bool] = pid_alive,
+) -> None:
     """Raise if another live process holds this learner id.
 
+    A holder on this host whose pid is gone is a dead process (a learner killed and started
+    again by its supervisor): its id is taken over at once instead of waiting ``ttl_s`` for
+    the heartbeat to expire.
+
     Raises:
-        ConfigError: The id has a fresh heartbeat from another host or pid.
+        ConfigError: The id has a fresh heartbeat from another host, or from a live pid here.
     """
     beat, age_s = live_owner(bus, identity, limits=limits)
-    if beat is not None:
-        raise ConfigError(
-            f"learner id {identity.learner_id!r} is live on {beat.host} pid {beat.pid} "
-            f"(heartbeat {age_s:.1f} s ago, state {beat.state!r}); pick another --learner-id, "
-            f"or stop that learner (a dead one's heartbeat expires {ttl_s:g} s after its last)"
+    if beat is None:
+        return
+    if beat.host == identity.host and not alive(beat.pid):
+        log.info(
+            "learner.takeover id %s was held by pid %d on this host, which is gone "
+            "(heartbeat %.1f s ago); taking it over",
+            identity.learner_id,
+            beat.pid,
+            age_s,
         )
+        return
+    raise ConfigError(
+        f"learner id {identity.learner_id!r} is live on {beat.host} pid {beat.pid} "
+        f"(heartbeat {age_s:.1f} s ago, state {beat.state!r}); pick another --learner-id, "
+        f"or stop that learner (a dead one's heartbeat expires {ttl_s:g} s after its last)"
+    )
 
 
 def confirm_owner(bus: Bus, identity: Identity, *, limits: MessageLimits) -> None:

@@ -4,6 +4,10 @@
     python -m services.learner --config config/demo.yaml --learner-id L0
     torchrun --nproc-per-node 2 -m services.learner --config config/demo.yaml --learner-id L0
 
+At start rank 0 waits for Redis (``dd_queue.startup``, ``run.start_timeout_s``), then for the
+synchronizer's global model (``learner.join_timeout_s``), logging what it waits for; a
+learner id still held by a dead process of this host (a restart) is taken over at once.
+
 Threads: the main thread only steps (it never waits on the network); one thread runs
 ``pump_receive`` (it blocks on round openings, up to ``learner.receive_block_ms``), one runs
 ``pump_send`` (it blocks on the outbox), so a snapshot is published the moment it is taken.
@@ -31,6 +35,7 @@ from dd_queue.learner.dist import group_from_env
 from dd_queue.learner.learner import Learner
 from dd_queue.learner.pump import PumpReport
 from dd_queue.log import setup_logging
+from dd_queue.startup import wait_for
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -68,14 +73,18 @@ class TwoStageStop:
         """Whether a first signal arrived."""
         return self._event.is_set()
 
+    def is_set(self) -> bool:
+        """The same as ``requested`` (a ``startup.Stop``)."""
+        return self._event.is_set()
+
     def request(self) -> None:
         """Ask for the first stage without a signal (a learner run as a thread of another
         process, which cannot install signal handlers)."""
         self._event.set()
 
-    def wait(self, seconds: float) -> None:
-        """Sleep ``seconds``, waking early on a signal."""
-        self._event.wait(seconds)
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep ``timeout`` seconds, waking early on a signal; True when one came."""
+        return self._event.wait(timeout)
 
 
 class PumpThreads:
@@ -188,6 +197,9 @@ def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
     )
     stop = TwoStageStop().install()
     try:
+        role = f"learner {learner_id}"
+        if bus is not None and not wait_for(("redis",), cfg=cfg, bus=bus, role=role, stop=stop):
+            return 0  # stopped while waiting for Redis
         learner = build_learner(
             cfg, learner_id, group=group, bus=bus, clock=SystemClock(), device=device
         )

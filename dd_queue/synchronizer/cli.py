@@ -68,14 +68,19 @@ def _cmd_synchronizer(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluator(args: argparse.Namespace) -> int:
+    from dd_queue.startup import wait_for
     from dd_queue.synchronizer.evaluator import Evaluator
     from dd_queue.synchronizer.service import install_two_stage_stop
 
     cfg = load_config(args.config, os.environ)
     setup_logging("evaluator", level=cfg.run.log_level, fmt=cfg.run.log_format)
+    stop = threading.Event()
+    install_two_stage_stop(stop)
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
     try:
         evaluator = Evaluator(cfg, bus=bus)
+        if not wait_for(("redis", "run"), cfg=cfg, bus=bus, role="evaluator", stop=stop):
+            return 0
         if args.once:
             result = evaluator.evaluate()
             if args.json:
@@ -87,8 +92,6 @@ def _cmd_evaluator(args: argparse.Namespace) -> int:
                 }
                 sys.stdout.write(json.dumps(fields) + "\n")
             return 0
-        stop = threading.Event()
-        install_two_stage_stop(stop)
         evaluator.run(stop)
     finally:
         bus.close()

@@ -9,6 +9,11 @@ the split every learner leaves out). The result is an ``eval.done`` event on the
 stream with the mean loss (nats per token, or per image), the accuracy for image models, and
 the fragment versions it used, which is where the control plane's eval history comes from.
 It reads only; it holds no lease and never slows the synchronizer.
+
+``ddq evaluator`` first waits for Redis and the run (``dd_queue.startup``). Afterwards an
+evaluation that fails (Redis or the run away during a restart, a version that does not
+verify) is logged and tried again
+every ``RETRY_S`` (at most ``eval_interval_s``) until it succeeds: the process never exits on it.
 """
 
 from __future__ import annotations
@@ -16,17 +21,21 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from dd_queue.bus import Bus
 from dd_queue.config import DDQConfig
+from dd_queue.errors import DDQError
 from dd_queue.messages import Event
 
 __all__ = ["EvalResult", "Evaluator"]
 
 log = logging.getLogger("dd_queue.evaluator")
+RETRY_S = 2.0
+"""Seconds between tries while Redis or the run is away."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +75,12 @@ class Evaluator:
         self.batches = list(loader.eval_batches(max_batches=cfg.data.eval_batches))
 
     def evaluate(self) -> EvalResult:
-        """Load the newest global model and score it; emit and return the result."""
-        import time
+        """Load the newest global model and score it; emit and return the result.
 
+        Raises:
+            BusError: Redis failed, or the run has no published model (``NotReady``).
+            ProtocolError: A published version does not verify.
+        """
         import torch
 
         from dd_queue.synchronizer.export import global_model
@@ -107,7 +119,24 @@ class Evaluator:
         return result
 
     def run(self, stop: threading.Event) -> None:
-        """Evaluate every ``eval_interval_s`` until ``stop`` is set."""
+        """Evaluate every ``eval_interval_s`` until ``stop`` is set; ride out Redis restarts."""
+        interval_s = self.cfg.synchronizer.eval_interval_s
+        failing_since: float | None = None
         while not stop.is_set():
-            self.evaluate()
-            stop.wait(self.cfg.synchronizer.eval_interval_s)
+            try:
+                self.evaluate()
+            except DDQError as exc:  # Redis restarting, the run not (re)created, a bad blob
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                log.warning(
+                    "eval.waiting %s (for %.0f s; retrying every %g s)",
+                    exc,
+                    time.monotonic() - failing_since,
+                    min(RETRY_S, interval_s),
+                )
+                stop.wait(min(RETRY_S, interval_s))
+                continue
+            if failing_since is not None:
+                log.info("eval.resumed after %.0f s", time.monotonic() - failing_since)
+                failing_since = None
+            stop.wait(interval_s)

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from dd_queue.bus import Bus, ops
 from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import unflatten_fragment
-from dd_queue.errors import ConfigError, CorruptPayload
+from dd_queue.errors import ConfigError, CorruptPayload, NotReady
 from dd_queue.synchronizer.source import ArraySource
 from dd_queue.synchronizer.state import FragmentState, fragment_of
 
@@ -37,7 +37,7 @@ def global_model(
     0's state (digests).
 
     Raises:
-        ConfigError: The run has no state yet (no synchronizer created it).
+        NotReady: The run has no state yet (no synchronizer created it).
         ProtocolError, BlobMissing: A published version does not verify.
     """
     limits, run_id = cfg.wire.message_limits(), cfg.run.run_id
@@ -48,7 +48,7 @@ def global_model(
         raw = bus.get(bus.keys.state(p))
         entry = ops.latest_global(bus, p)
         if raw is None or entry is None:
-            raise ConfigError(
+            raise NotReady(
                 f"run {run_id!r} has no fragment {p} yet; start a synchronizer to create it"
             )
         state = FragmentState.from_bytes(raw, run_id=run_id, limits=limits)

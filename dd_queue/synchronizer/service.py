@@ -4,11 +4,12 @@
                      [--init-from model.safetensors]
     python -m services.synchronizer --config config/demo.yaml        (the same)
 
-The first SIGTERM or SIGINT finishes the current iteration, releases the leases (a standby
-takes over at once) and exits 0; a second one exits immediately (held contributions stay
-pending either way, so nothing is lost). A bus error inside an iteration drops the in-memory
-state and rebuilds it from Redis once it answers again; anything else ends the process
-non-zero, for the supervisor to restart it.
+At start it waits for Redis (``dd_queue.startup``, up to ``run.start_timeout_s``), logging what
+it waits for. The first SIGTERM or SIGINT finishes the current iteration, releases the leases
+(a standby takes over at once) and exits 0; a second one exits immediately (held contributions
+stay pending either way, so nothing is lost). A bus error inside an iteration drops the
+in-memory state and rebuilds it from Redis once it answers again (Redis restarting never ends
+the process); anything else ends the process non-zero, for the supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dd_queue.bus import RedisBus
 from dd_queue.clock import Clock, SystemClock
 from dd_queue.config import DDQConfig
 from dd_queue.log import setup_logging
+from dd_queue.startup import wait_for
 from dd_queue.synchronizer.export import load_export
 from dd_queue.synchronizer.source import ModelSource
 from dd_queue.synchronizer.synchronizer import Synchronizer
@@ -83,7 +85,8 @@ def serve(
         allow_config_change=allow_config_change,
     )
     try:
-        pump_until(sync, clock, stop)
+        if wait_for(("redis",), cfg=cfg, bus=bus, role="synchronizer", stop=stop, clock=clock):
+            pump_until(sync, clock, stop)
     finally:
         sync.close()
         bus.close()

@@ -172,9 +172,12 @@ class Synchronizer:
 
     def close(self) -> None:
         """Release the leases (a standby takes over at once) and the heartbeat. Held entries
-        stay pending; the next owner reclaims them once idle."""
+        stay pending; the next owner reclaims them once idle. Before ``start`` it writes nothing
+        (a synchronizer stopped while it waited for Redis exits at once)."""
         ctx = self.ctx
         self._prefetch.close()
+        if self._plan is None:
+            return
         self._incoming.clear()
         for rt in self.fragments.values():
             try:

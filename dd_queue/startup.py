@@ -1,0 +1,254 @@
+"""Waiting at start for what a service needs: Redis, the run, a live synchronizer.
+
+The services start in any order: a Procfile starts them all at once, compose and systemd one by
+one, an operator whenever. So each one waits for what it needs before its first real step,
+logging every 5 s what it is waiting for and how long is left, and gives up only when
+``run.start_timeout_s`` has passed (``NotReady``: exit code 3, which a supervisor restarts):
+
+- synchronizer: Redis.
+- learner: Redis, then the initial global model (``learner.join_timeout_s``).
+- evaluator: Redis, then the run (every fragment's state and a published version).
+- control plane: nothing; it serves at once and answers 503 (``/readyz`` says why) until
+  Redis answers, logging that it waits.
+
+``ddq wait --for redis,run,synchronizer`` runs the same checks from the shell (compose health
+checks use it). After the start, a service whose dependency goes away and comes back (Redis or
+the synchronizer restarting) keeps running: the bus retries, loops log and carry on.
+
+Each check returns None when met, else what is missing and what to do, as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, cast
+
+import redis
+
+from dd_queue.bus import Bus, RedisBus, ops
+from dd_queue.bus._redis_conn import redact_url
+from dd_queue.clock import Clock, SystemClock
+from dd_queue.config import DDQConfig, load_config
+from dd_queue.errors import DDQError, NotReady, exit_code
+from dd_queue.messages import Heartbeat
+
+__all__ = ["NEEDS", "Need", "Stop", "register", "unmet", "wait_for"]
+
+log = logging.getLogger("dd_queue.startup")
+
+Need = Literal["redis", "run", "synchronizer"]
+NEEDS: tuple[Need, ...] = ("redis", "run", "synchronizer")
+"""Everything a service can wait for, in the order they come true."""
+NOTE_EVERY_S = 5.0
+"""Seconds between two ``waiting`` log lines."""
+_PROBE_TIMEOUT_S = 2.0
+
+
+class Stop(Protocol):
+    """What ends a wait early: ``threading.Event`` or the learner's ``TwoStageStop``."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> object: ...
+
+
+def _redis_missing(url: str) -> str | None:
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=_PROBE_TIMEOUT_S, socket_timeout=_PROBE_TIMEOUT_S
+    )
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise NotReady(f"Redis at {redact_url(url)} refused the credentials: {exc}") from exc
+    except redis.RedisError as exc:
+        return (
+            f"Redis at {redact_url(url)} ({exc}; start redis-server, or set redis.url / "
+            "DDQ__REDIS__URL)"
+        )
+    finally:
+        client.close()
+    return None
+
+
+def _run_missing(bus: Bus, cfg: DDQConfig) -> str | None:
+    n = cfg.synchronizer.n_fragments
+    created = sum(
+        1
+        for p in range(n)
+        if bus.get(bus.keys.state(p)) is not None and ops.latest_global(bus, p) is not None
+    )
+    if created == n:
+        return None
+    return (
+        f"run {cfg.run.run_id!r} to be created ({created}/{n} fragments published; "
+        "start a synchronizer with the same config)"
+    )
+
+
+def _synchronizer_missing(bus: Bus, cfg: DDQConfig) -> str | None:
+    fresh_s, limits = cfg.membership.stalled_after_s, cfg.wire.message_limits()
+    ages = []
+    for info in bus.heartbeats().values():
+        try:
+            beat = Heartbeat.from_bytes(info.payload, run_id=cfg.run.run_id, limits=limits)
+        except DDQError:
+            continue
+        if beat.role == "synchronizer":
+            if info.age_s <= fresh_s:
+                return None
+            ages.append(info.age_s)
+    seen = f"; the last beat {min(ages):.1f} s ago" if ages else ""
+    return (
+        f"a live synchronizer of run {cfg.run.run_id!r} (a heartbeat fresher than "
+        f"membership.stalled_after_s {fresh_s:g} s{seen}; start ddq synchronizer)"
+    )
+
+
+def unmet(needs: Sequence[Need], *, cfg: DDQConfig, bus: Bus | None) -> str | None:
+    """The first of ``needs`` that is not met now, as a line saying what to do; None if all are.
+
+    Args:
+        needs: What to check, e.g. ``("redis", "run")``.
+        cfg: The run's config (Redis URL, run id, fragments, liveness thresholds).
+        bus: The bus for the run and synchronizer checks (None: only ``redis`` may be asked).
+            Redis is PINGed at the bus's URL (or ``cfg.redis.url`` without a bus); a bus with
+            no URL (in memory, or over injected clients) is taken as reachable.
+
+    Raises:
+        NotReady: Redis refused the credentials (waiting would not help).
+    """
+    unknown = sorted(set(needs) - set(NEEDS))
+    if unknown:
+        raise ValueError(f"unknown needs {unknown}; choose from {', '.join(NEEDS)}")
+    url = cfg.redis.url if bus is None else bus.url if isinstance(bus, RedisBus) else None
+    if url is not None:  # a bus on a server (not in memory, not an injected client): PING it
+        missing = _redis_missing(url)
+        if missing is not None:
+            return missing
+    for need in needs:
+        if need == "redis":
+            continue
+        if bus is None:
+            raise ValueError(f"checking {need!r} needs a bus")
+        missing = _run_missing(bus, cfg) if need == "run" else _synchronizer_missing(bus, cfg)
+        if missing is not None:
+            return missing
+    return None
+
+
+def wait_for(
+    needs: Sequence[Need],
+    *,
+    cfg: DDQConfig,
+    bus: Bus | None,
+    role: str,
+    stop: Stop,
+    clock: Clock | None = None,
+    timeout_s: float | None = None,
+    poll_s: float = 0.5,
+) -> bool:
+    """Wait until every need is met; True when met, False when ``stop`` was set first.
+
+    Args:
+        needs: What the service needs (module table).
+        cfg: The run's config.
+        bus: The service's bus.
+        role: Who waits, for the log (``evaluator``, ``synchronizer sync-0``, ...).
+        stop: Set by the first stop signal: the wait ends early.
+        clock: Time for the deadline (default: the system clock).
+        timeout_s: Give up after this long (default: ``run.start_timeout_s``).
+        poll_s: Seconds between checks.
+
+    Raises:
+        NotReady: A need was still unmet after ``timeout_s`` (or Redis refused the login).
+    """
+    clock = clock or SystemClock()
+    timeout_s = cfg.run.start_timeout_s if timeout_s is None else timeout_s
+    start_s = clock.now()
+    next_note_s = start_s
+    while not stop.is_set():
+        try:
+            missing = unmet(needs, cfg=cfg, bus=bus)
+        except NotReady:
+            raise
+        except DDQError as exc:  # Redis went away between two checks
+            missing = f"Redis ({exc})"
+        now = clock.now()
+        if missing is None:
+            if now > start_s + poll_s:
+                log.info("%s.ready after %.1f s: %s", role, now - start_s, ", ".join(needs))
+            return True
+        if now - start_s >= timeout_s:
+            raise NotReady(
+                f"{role}: still waiting for {missing} after {timeout_s:g} s "
+                "(run.start_timeout_s, env DDQ__RUN__START_TIMEOUT_S)"
+            )
+        if now >= next_note_s:
+            left_s = timeout_s - (now - start_s)
+            log.warning("%s.waiting for %s (%.0f s left)", role, missing, left_s)
+            next_note_s = now + NOTE_EVERY_S
+        stop.wait(poll_s)
+    return False
+
+
+def register(sub: Any) -> None:
+    """Add ``ddq wait`` to the ``ddq`` subparsers."""
+    p = sub.add_parser(
+        "wait", help="wait for Redis, the run or a live synchronizer (health checks, scripts)"
+    )
+    p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument(
+        "--for",
+        dest="needs",
+        default="redis,run,synchronizer",
+        help="comma-separated needs among redis, run, synchronizer (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="give up after this long, exit 3 (default: run.start_timeout_s; 0: check once)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(func=_cmd_wait)
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    needs = [n.strip() for n in args.needs.split(",") if n.strip()]
+    unknown = sorted(set(needs) - set(NEEDS))
+    if unknown or not needs:
+        sys.stderr.write(f"ddq: error: --for: unknown {unknown}; choose from {', '.join(NEEDS)}\n")
+        return 2
+    cfg = load_config(args.config, os.environ)
+    bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
+    waiting_for: str | None = None
+    code = 0
+    try:
+        wait_for(
+            cast(list[Need], needs),
+            cfg=cfg,
+            bus=bus,
+            role="wait",
+            stop=threading.Event(),
+            timeout_s=args.timeout_s,
+        )
+    except NotReady as exc:
+        waiting_for, code = str(exc), exit_code(exc)
+    finally:
+        bus.close()
+    if args.json:
+        sys.stdout.write(
+            json.dumps({"ready": code == 0, "needs": needs, "waiting_for": waiting_for})
+        )
+        sys.stdout.write("\n")
+    elif code == 0:
+        sys.stdout.write(f"ready: {', '.join(needs)}\n")
+    else:
+        sys.stdout.write(f"not ready: {waiting_for}\n")
+    return code
