@@ -19,13 +19,16 @@ from pathlib import Path
 
 import redis
 
+from dd_queue.core.restarts import RestartPolicy, decide_restart
 from dd_queue.errors import DDQError
 
 __all__ = ["Child", "Children", "RedisServer", "free_port"]
 
 log = logging.getLogger("dd_queue.up")
-RESTART_BACKOFF_S = 3.0
-"""Seconds between a crashed child's exit and its restart."""
+RESTART_POLICY = RestartPolicy()
+"""When a crashed child starts again: the rule ``ddq supervise`` follows (``core.restarts``)."""
+RESTART_BACKOFF_S = RESTART_POLICY.backoff_s
+"""Seconds between a crashed child's first exit and its restart (the in-process mode's pause)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,7 +73,9 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
-    exited_at_s: float | None = None
+    started_at_s: float = 0.0
+    restart_at_s: float | None = None
+    attempt: int = 0
 
 
 class Children:
@@ -98,15 +103,16 @@ class Children:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches ddq up only; it stops the children
             )
+        child.started_at_s = time.monotonic()
         self.children[name] = child
         log.debug("up.started %s pid %d: %s", name, child.proc.pid, " ".join(child.argv))
         return child
 
     def supervise(self, now_s: float | None = None) -> list[str]:
-        """Restart children that exited with an error and may be restarted; returns notes.
+        """Restart children that exited and may be restarted; returns notes.
 
-        A restart waits ``RESTART_BACKOFF_S`` after the exit (a killed learner's id stays
-        taken until its heartbeat expires, so an instant restart would only be refused).
+        ``core.restarts`` decides: exit 0 or 2 (finished, misconfigured) stays down, any other
+        exit restarts after a backoff (1 s, doubling for quick failures in a row).
         """
         now_s = time.monotonic() if now_s is None else now_s
         notes = []
@@ -114,19 +120,27 @@ class Children:
             code = child.proc.poll() if child.proc is not None else None
             if code is not None:
                 child.exit_codes.append(code)
-                child.proc, child.exited_at_s = None, now_s
-                verb = "will restart" if code != 0 and child.restart else "stays down"
+                child.proc = None
+                decision = decide_restart(
+                    RESTART_POLICY,
+                    exit_code=code,
+                    ran_s=max(0.0, now_s - child.started_at_s),
+                    attempt_before=child.attempt,
+                )
+                restart = child.restart and decision.restart
+                verb = f"will restart in {decision.delay_s:g} s" if restart else "stays down"
                 notes.append(f"{child.name} exited with code {code}: {verb} (see its log)")
-                if code == 0 or not child.restart:
-                    child.restart = False
+                log.info("up.exit %s: %s", child.name, decision.reason)
+                child.restart, child.attempt = restart, decision.attempt
+                child.restart_at_s = now_s + decision.delay_s if restart else None
             elif (
                 child.proc is None
                 and child.restart
-                and child.exited_at_s is not None
-                and now_s - child.exited_at_s >= RESTART_BACKOFF_S
+                and child.restart_at_s is not None
+                and now_s >= child.restart_at_s
             ):
                 child.restarts += 1
-                child.exited_at_s = None
+                child.restart_at_s = None
                 notes.append(f"{child.name} restarted")
                 self.start(child.name, child.argv, restart=True)
         return notes
