@@ -50,7 +50,7 @@ def live_owner(
     try:
         beat = Heartbeat.from_bytes(info.payload, run_id=bus.keys.run_id, limits=limits)
     except ProtocolError:
-        return None, info.age_s  # not a learner heartbeat we can read: treat as foreign
+        return None, info.age_s  # not a learner heartbeat we can read: no live owner to refuse
     if (beat.host, beat.pid) == (identity.host, identity.pid):
         return None, info.age_s
     return beat, info.age_s
