@@ -3,6 +3,7 @@
     python bench/bench_sim.py            # best of 3 (each run: all three regimes)
     python bench/bench_sim.py --json     # the table, then one JSON object as the last line
     python bench/bench_sim.py --repeats 1
+    python bench/bench_sim.py --set accounting.failure_during_stall=absorbed   # an option
 
 One run draws the failure history and chip speeds once and simulates plain DP, elastic DP and
 Decoupled DiLoCo (M = 16) on it, with the documented defaults of ``config/sim/default.yaml``
@@ -44,10 +45,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs; the best is kept")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field"
+    )
     args = parser.parse_args()
-    total_s, results = _best_s(CASE, args.repeats)
+    case = CASE | dict(item.split("=", 1) for item in args.set)
+    total_s, results = _best_s(case, args.repeats)
     per_regime = {
-        regime: _best_s(CASE | {"run.regimes": f"[{regime}]"}, args.repeats)[0]
+        regime: _best_s(case | {"run.regimes": f"[{regime}]"}, args.repeats)[0]
         for regime in ("plain_dp", "elastic_dp", "decoupled")
     }
     print("| case | wall s (best) | target | |")
@@ -67,7 +72,7 @@ def main() -> None:
     if args.json:
         payload = {
             "bench": "sim",
-            "case": CASE,
+            "case": case,
             "wall_s": total_s,
             "per_regime_wall_s": per_regime,
             "target_s": TARGET_S,

@@ -4,6 +4,7 @@
     ddq simulate --config config/sim/default.yaml --chips 2400000 --learners 16
     ddq simulate --set repair.median_s=300 --set spmd.restart_s=55 --reps 5
     ddq simulate --sweep --csv sweep.csv --plot plots/     # chips × regimes × M
+    ddq simulate --sensitivity                     # each option / parameter vs the paper
     ddq simulate --calibrate recording.json        # predicted vs measured goodput of a run
     ddq simulate ... --json                        # the table, then one JSON object last
 
@@ -22,8 +23,10 @@ from dd_queue.errors import ConfigError
 from dd_queue.sim.calibrate import calibrate, load_recording
 from dd_queue.sim.config import SimConfig, load_sim_config
 from dd_queue.sim.plots import matplotlib_available, plot_goodput_vs_chips, plot_timeline
+from dd_queue.sim.published import SOURCE
 from dd_queue.sim.regimes import simulate
 from dd_queue.sim.report import csv_text, describe, json_payload, results_table, sweep_table
+from dd_queue.sim.sensitivity import run_sensitivity, sensitivity_payload, sensitivity_table
 from dd_queue.sim.sweep import point_config, run_sweep
 
 __all__ = ["register"]
@@ -64,6 +67,12 @@ def register(subparsers: Any) -> None:
         help="override any config field (repeatable)",
     )
     p.add_argument("--sweep", action="store_true", help="run the chips × regimes × M sweep")
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="flip each modelling option and move each parameter to its low/high value at "
+        "the paper's published points (150k, 1.2M, 2.4M chips)",
+    )
     p.add_argument("--calibrate", metavar="RECORDING", help="predict a recorded run's goodput")
     p.add_argument("--json", action="store_true", help="also print one JSON object, last")
     p.add_argument("--csv", metavar="PATH", help="write the results as CSV")
@@ -96,6 +105,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         return _calibrate(args)
     cfg = _config(args)
     out = sys.stdout
+    if args.sensitivity:
+        return _sensitivity(args, cfg)
     if args.sweep:
         out.write(f"parameters: {describe(point_config(cfg, cfg.cluster.chips))}\n")
         chips = ", ".join(f"{c:,}" for c in cfg.sweep.chips)
@@ -116,6 +127,18 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         _plots(args, rows, kind)
     if args.json:
         out.write(json.dumps(json_payload(cfg, rows, kind=kind)) + "\n")
+    return 0
+
+
+def _sensitivity(args: argparse.Namespace, cfg: SimConfig) -> int:
+    out = sys.stdout
+    out.write(f"baseline: {describe(cfg)}\n")
+    out.write(f"each point: {cfg.sweep.duration_days:g} days, seed {cfg.run.seed}\n\n")
+    rows = run_sensitivity(cfg)
+    out.write(sensitivity_table(rows))
+    out.write(f"\npublished: {SOURCE}\n")
+    if args.json:
+        out.write(json.dumps({"digest": cfg.digest, **sensitivity_payload(rows)}) + "\n")
     return 0
 
 

@@ -27,6 +27,7 @@ from dd_queue.errors import ConfigError, CoreError
 
 __all__ = [
     "REGIMES",
+    "AccountingSpec",
     "ClusterSpec",
     "DecoupledSpec",
     "ElasticSpec",
@@ -127,12 +128,32 @@ class ElasticSpec(_Section):
     upscale_s: float = Field(5.0, ge=0, description="Reconfigure to re-add a returned slice, s.")
 
 
+class AccountingSpec(_Section):
+    """Modelling choices the paper leaves open (docs/simulator.md): one switch each."""
+
+    barrier_wait: Literal["lost", "goodput"] = Field(
+        "lost",
+        description="Chips idle at a synchronous barrier waiting for the slowest chip (speed "
+        "variance): lost goodput, or counted as training time.",
+    )
+    failure_during_stall: Literal["extends", "absorbed"] = Field(
+        "extends",
+        description="A failure (or return) during a stall starts the detection/restart or "
+        "reconfiguration again, or is handled by the one already under way.",
+    )
+
+
 class SpmdSpec(_Section):
     """Plain SPMD data parallelism with checkpoint/restart."""
 
     restart_s: float = Field(30.0, ge=0, description="Restart from checkpoint after detection, s.")
     checkpoint_interval_s: float | None = Field(
-        None, gt=0, description="Training time between checkpoints, s; null: Young/Daly optimum."
+        None, gt=0, description="Training time between checkpoints, s; null: checkpoint_rule."
+    )
+    checkpoint_rule: Literal["young", "daly"] = Field(
+        "young",
+        description="Interval when checkpoint_interval_s is null: Young's √(2δM) or Daly's "
+        "higher-order optimum (M = the job's mean time between failures).",
     )
     checkpoint_cost_s: float = Field(0.5, ge=0, description="Blocking time of one checkpoint, s.")
     waits_for_repair: bool = Field(
@@ -202,7 +223,7 @@ class SweepSpec(_Section):
     chips: tuple[int, ...] = Field(
         (16_384, 65_536, 262_144, 1_200_000, 2_400_000), min_length=1, description="Chip counts."
     )
-    learners: tuple[int, ...] = Field((4, 8, 16), min_length=1, description="M values.")
+    learners: tuple[int, ...] = Field((2, 4, 8, 16), min_length=1, description="M values.")
     duration_days: float = Field(7.0, gt=0, description="Simulated days per sweep point.")
 
 
@@ -210,6 +231,7 @@ class SimConfig(_Section):
     """The whole simulator configuration."""
 
     cluster: ClusterSpec = ClusterSpec()
+    accounting: AccountingSpec = AccountingSpec()
     repair: RepairSpec = RepairSpec()
     elastic: ElasticSpec = ElasticSpec()
     spmd: SpmdSpec = SpmdSpec()

@@ -1,6 +1,8 @@
 """PNG plots of simulation results; matplotlib is optional (``pip install 'dd_queue[plots]'``).
 
-- ``plot_goodput_vs_chips`` — goodput against chips (log scale), one line per regime and M.
+- ``plot_goodput_vs_chips`` — goodput against chips (log scale), one line per regime and M,
+  with the paper's published points (``dd_queue.sim.published``) as hollow markers in the
+  colour of their line, and their source under the plot.
 - ``plot_timeline`` — a short window of one simulation: per group, when it trains, stalls or
   loses work, and when its slices fail (ticks). Plain and elastic DP are one row each; Decoupled
   DiLoCo has one row per learner.
@@ -16,6 +18,7 @@ import numpy as np
 
 from dd_queue.errors import ConfigError
 from dd_queue.plotting import matplotlib_available, pyplot
+from dd_queue.sim.published import PUBLISHED, SOURCE
 from dd_queue.sim.regimes import RegimeResult
 from dd_queue.sim.timeline import KIND_TRAINING, KIND_WAITING, GroupTimeline
 
@@ -37,19 +40,31 @@ def plot_goodput_vs_chips(rows: Sequence[tuple[int, RegimeResult]], path: Path) 
         ConfigError: If matplotlib is missing.
     """
     plt = pyplot("leave out --plot")
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(7, 4.6), dpi=120)
     labels = list(dict.fromkeys(r.label for _, r in rows))
     for label in labels:
         pts = sorted((c, r.goodput) for c, r in rows if r.label == label)
-        ax.plot([c for c, _ in pts], [100 * g for _, g in pts], marker="o", label=label)
+        (line,) = ax.plot([c for c, _ in pts], [100 * g for _, g in pts], marker="o", label=label)
+        paper = [p for p in PUBLISHED if p.label == label]
+        if paper:
+            ax.scatter(
+                [p.chips for p in paper],
+                [100 * p.goodput for p in paper],
+                s=70,
+                facecolors="none",
+                edgecolors=line.get_color(),
+                linewidths=1.5,
+                label=f"{label} (paper)",
+            )
+    fig.text(0.01, 0.01, f"hollow: published, {SOURCE}", fontsize=6)
     ax.set_xscale("log")
     ax.set_ylim(0, 100)
     ax.set_xlabel("chips")
     ax.set_ylabel("goodput (%)")
     ax.set_title("Goodput vs chips")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -102,16 +102,26 @@ class RegimeResult:
 
 
 def checkpoint_interval_s(cfg: SimConfig) -> float:
-    """Plain DP's checkpoint interval: configured, or Young's optimum √(2·δ·MTBF_job).
+    """Plain DP's checkpoint interval: configured, or the ``spmd.checkpoint_rule`` optimum.
 
-    MTBF_job = MTBI_chip / chips. Never shorter than one step; inf without failures.
+    With δ the checkpoint cost and M = MTBF_job = MTBI_chip / chips: Young (1974) √(2δM);
+    Daly (2006) √(2δM)·(1 + √(δ/2M)/3 + δ/(18M)) − δ for δ < 2M, else M. Never shorter than
+    one step; inf without failures.
     """
     if cfg.spmd.checkpoint_interval_s is not None:
         return cfg.spmd.checkpoint_interval_s
     rate = cfg.cluster.n_slices * cfg.cluster.slice_failure_rate_per_s
     if rate == 0:
         return math.inf
-    return max(cfg.cluster.step_s, math.sqrt(2.0 * cfg.spmd.checkpoint_cost_s / rate))
+    delta, mtbf = cfg.spmd.checkpoint_cost_s, 1.0 / rate
+    young = math.sqrt(2.0 * delta * mtbf)
+    if cfg.spmd.checkpoint_rule == "young":
+        interval = young
+    elif delta < 2.0 * mtbf:
+        interval = young * (1 + math.sqrt(delta / (2 * mtbf)) / 3 + delta / (18 * mtbf)) - delta
+    else:
+        interval = mtbf
+    return max(cfg.cluster.step_s, interval)
 
 
 def run_repetition(
@@ -154,10 +164,19 @@ def run_repetition(
     return out
 
 
+def _busy(cfg: SimConfig, meanf: _Floats, maxf: _Floats) -> float:
+    """Share of a synchronous group's chip time spent computing: mean/max chip speed, or 1
+    when ``accounting.barrier_wait`` counts the wait for the slowest chip as training."""
+    if cfg.accounting.barrier_wait == "goodput":
+        return 1.0
+    return float(meanf.mean() / maxf.max())
+
+
 def _groups(
     cfg: SimConfig, regime: Regime, m: int, fails: SliceFailures, maxf: _Floats, meanf: _Floats
 ) -> list[GroupTimeline]:
     cl, duration = cfg.cluster, cfg.run.duration_s
+    absorb = cfg.accounting.failure_during_stall == "absorbed"
     if regime == "plain_dp":
         return [
             spmd_timeline(
@@ -168,8 +187,9 @@ def _groups(
                 detection_s=cfg.elastic.detection_s,
                 checkpoint_interval_s=checkpoint_interval_s(cfg),
                 step_s=cl.step_s * float(maxf.max()),
-                busy_fraction=float(meanf.mean() / maxf.max()),
+                busy_fraction=_busy(cfg, meanf, maxf),
                 duration_s=duration,
+                absorb=absorb,
             )
         ]
     bounds = [i * cl.n_slices // m for i in range(m + 1)]
@@ -181,8 +201,9 @@ def _groups(
             failures=fails.of_slices(lo, hi),
             spec=cfg.elastic,
             step_s=cl.step_s * float(maxf[lo:hi].max()),
-            busy_fraction=float(meanf[lo:hi].mean() / maxf[lo:hi].max()),
+            busy_fraction=_busy(cfg, meanf[lo:hi], maxf[lo:hi]),
             duration_s=duration,
+            absorb=absorb,
         )
         for i, (lo, hi) in enumerate(itertools.pairwise(bounds))
     ]

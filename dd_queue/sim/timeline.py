@@ -10,13 +10,16 @@ the group from ``f`` (the collective hangs) to ``f + detection + downscale``; th
 is lost (the time since the group's last step boundary). When the slice returns at ``u`` the
 group stalls again for ``upscale``. A membership change that arrives while the group is already
 stalled restarts the reconfiguration, so stalls are the *union* of the intervals
-``[event, event + cost]``: one sort and one running maximum. While stalled the group's chips are
-``restarting``; the slices that are out are ``down`` until they return.
+``[event, event + cost]``: one sort and one running maximum (with
+``accounting.failure_during_stall: absorbed`` the reconfiguration under way covers such a change
+instead: ``absorb_intervals``). While stalled the group's chips are ``restarting``; the slices
+that are out are ``down`` until they return.
 
 **Plain SPMD group.** A failure at ``f`` stops everything until ``f + detection + restart``
 (or, with ``waits_for_repair``, until ``max(f + detection, return) + restart``); failures
-during a stall extend it the same way. A hot spare takes the failed slice's place, so no chip is
-``down`` (spares are not counted as allocated). Between stalls the job trains ``C`` seconds and
+during a stall extend it the same way (or, ``absorbed``, are covered by the restart under
+way). A hot spare takes the failed slice's place, so no chip is ``down`` (spares are not
+counted as allocated). Between stalls the job trains ``C`` seconds and
 then blocks ``δ`` for a checkpoint (``waiting``); a failure throws away the progress since the
 last checkpoint (``restarting``, as the ledger asks for rolled-back work).
 
@@ -38,9 +41,11 @@ __all__ = [
     "KIND_TRAINING",
     "KIND_WAITING",
     "GroupTimeline",
+    "absorb_intervals",
     "elastic_timeline",
     "merge_intervals",
     "spmd_timeline",
+    "stall_blocks",
 ]
 
 _Floats = npt.NDArray[np.float64]
@@ -101,6 +106,30 @@ def merge_intervals(start_s: _Floats, end_s: _Floats) -> tuple[_Floats, _Floats]
     return s[first], reach[last]
 
 
+def absorb_intervals(start_s: _Floats, end_s: _Floats) -> tuple[_Floats, _Floats]:
+    """Stall blocks when an event inside a block is absorbed by it, seconds: a block opens at
+    the first event after the previous block's end and lasts that event's own cost; the events
+    it covers neither open a block nor extend it (``accounting.failure_during_stall:
+    absorbed``). O(B log E) for B blocks."""
+    if start_s.size == 0:
+        return np.empty(0), np.empty(0)
+    order = np.argsort(start_s, kind="stable")
+    s, e = start_s[order], end_s[order]
+    opened: list[int] = []
+    i = 0
+    while i < s.size:
+        opened.append(i)
+        i = max(i + 1, int(np.searchsorted(s, e[i], side="left")))
+    idx = np.asarray(opened, dtype=np.int64)
+    return s[idx], e[idx]
+
+
+def stall_blocks(start_s: _Floats, end_s: _Floats, *, absorb: bool) -> tuple[_Floats, _Floats]:
+    """The stall blocks of events with cost windows ``[start, end]``: their union (a failure
+    during a stall starts it again) or, with ``absorb``, ``absorb_intervals``."""
+    return absorb_intervals(start_s, end_s) if absorb else merge_intervals(start_s, end_s)
+
+
 def _runs(start: _Floats, end: _Floats, on: _Bools) -> tuple[_Floats, _Floats]:
     edges = np.diff(np.r_[0, on.astype(np.int8), 0])
     return start[edges[:-1] == 1], end[np.flatnonzero(edges[1:] == -1)]
@@ -123,6 +152,7 @@ def elastic_timeline(
     step_s: float,
     busy_fraction: float,
     duration_s: float,
+    absorb: bool = False,
 ) -> GroupTimeline:
     """Timeline of an elastic group of ``n_slices`` slices (see the module docstring).
 
@@ -135,6 +165,8 @@ def elastic_timeline(
         step_s: The group's inner-step time, seconds.
         busy_fraction: Mean/max chip speed of the group.
         duration_s: Simulated wall time, seconds.
+        absorb: A membership change during a stall is absorbed by the reconfiguration under
+            way (``stall_blocks``) instead of starting it again.
 
     Returns:
         The group's ``GroupTimeline``.
@@ -142,8 +174,10 @@ def elastic_timeline(
     f, end_t = failures.at_s, duration_s
     u = f + failures.repair_s
     back = u[u < end_t]
-    b_start, b_end = merge_intervals(
-        np.r_[f, back], np.r_[f + spec.detection_s + spec.downscale_s, back + spec.upscale_s]
+    b_start, b_end = stall_blocks(
+        np.r_[f, back],
+        np.r_[f + spec.detection_s + spec.downscale_s, back + spec.upscale_s],
+        absorb=absorb,
     )
     lost_start = _lost_starts(f, b_start, b_end, step_s)
     cuts = np.unique(np.clip(np.r_[0.0, end_t, b_start, b_end, f, back, lost_start], 0, end_t))
@@ -196,6 +230,7 @@ def spmd_timeline(
     step_s: float,
     busy_fraction: float,
     duration_s: float,
+    absorb: bool = False,
 ) -> GroupTimeline:
     """Timeline of a plain SPMD job with checkpoint/restart (see the module docstring).
 
@@ -209,6 +244,8 @@ def spmd_timeline(
         step_s: The job's inner-step time, seconds.
         busy_fraction: Mean/max chip speed.
         duration_s: Simulated wall time, seconds.
+        absorb: A failure during a stall is covered by the restart under way
+            (``stall_blocks``) instead of starting detection + restart again.
 
     Returns:
         The job's ``GroupTimeline``.
@@ -217,7 +254,7 @@ def spmd_timeline(
     ready = f + detection_s
     if spec.waits_for_repair:
         ready = np.maximum(ready, f + failures.repair_s)
-    b_start, b_end = merge_intervals(f, ready + spec.restart_s)
+    b_start, b_end = stall_blocks(f, ready + spec.restart_s, absorb=absorb)
     run_a = np.r_[0.0, np.minimum(b_end, duration_s)]
     run_b = np.r_[np.minimum(b_start, duration_s), duration_s]
     keep = run_b > run_a
