@@ -1,7 +1,8 @@
 """The ``ddq`` command line.
 
     ddq version                               print the version
-    ddq config --config config/demo.yaml      print the resolved config (YAML) and its digest
+    ddq config --config config/demo.yaml      print the resolved config (YAML), its digest and
+                                              the run digest (contributions must match it)
     ddq config --config config/demo.yaml --json
 
 Small subcommands live here; bigger ones live in their own modules (listed in
@@ -48,10 +49,11 @@ def _cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, os.environ)
     data = cfg.public_dict()
     if args.json:
-        sys.stdout.write(json.dumps({"digest": cfg.digest, "config": data}) + "\n")
+        digests = {"digest": cfg.digest, "run_digest": cfg.run_digest}
+        sys.stdout.write(json.dumps({**digests, "config": data}) + "\n")
     else:
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-        sys.stdout.write(f"# digest: {cfg.digest}\n")
+        sys.stdout.write(f"# digest: {cfg.digest}\n# run digest: {cfg.run_digest}\n")
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ci import require
 from tests.integration.conftest import require_redis_server
 from tests.redisproc import free_port
 
@@ -37,10 +38,7 @@ SERVICES = ("redis", "synchronizer", "evaluator", "learner0", "learner1", "learn
 def honcho_path() -> str:
     """honcho from the test's environment; fails under ``CI=true`` when missing, else skips."""
     found = shutil.which("honcho") or str(Path(sys.executable).parent / "honcho")
-    if not Path(found).exists():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("honcho is not installed; CI must run the Procfile (pip install -e .[dev])")
-        pytest.skip("honcho is not installed (pip install -e '.[dev]')")
+    require(Path(found).exists(), "honcho", "pip install -e '.[dev]'")
     return found
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
+from tests.ci import require
 from tests.e2e.formation import honcho_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,10 +58,7 @@ def test_compose_has_healthy_redis_and_the_same_services() -> None:
 
 
 def test_docker_compose_config_passes() -> None:
-    if shutil.which("docker-compose") is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("docker-compose is not installed; CI must validate compose.yaml")
-        pytest.skip("docker-compose is not installed (apt-get install -y docker-compose)")
+    require(shutil.which("docker-compose"), "docker-compose", "apt-get install -y docker-compose")
     done = subprocess.run(
         ["docker-compose", "-f", "compose.yaml", "config", "-q"],
         cwd=ROOT,

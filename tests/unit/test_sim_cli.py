@@ -14,6 +14,7 @@ from dd_queue.errors import ConfigError
 from dd_queue.sim import cli as sim_cli
 from dd_queue.sim import plots
 from dd_queue.sim.config import SimConfig, load_sim_config
+from tests.ci import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--chips", "8192", "--days", "0.1", "--set", "decoupled.policy_rounds=500"]
@@ -68,8 +69,7 @@ def test_single_run_table_json_and_csv(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_sweep_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not plots.matplotlib_available():
-        pytest.skip("matplotlib is not installed")
+    require(plots.matplotlib_available(), "matplotlib", "pip install -e '.[plots]'")
     argv = [
         "--set",
         "sweep.chips=[4096, 16384]",
@@ -93,8 +93,7 @@ def test_sweep_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_timeline_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not plots.matplotlib_available():
-        pytest.skip("matplotlib is not installed")
+    require(plots.matplotlib_available(), "matplotlib", "pip install -e '.[plots]'")
     run([*SMALL, "--learners", "2", "--plot", str(tmp_path), "--timeline-window-s", "300"], capsys)
     assert (tmp_path / "timeline.png").stat().st_size > 1000
 
