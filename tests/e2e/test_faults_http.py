@@ -4,7 +4,9 @@ two learners, redis-server): each fault shows its effect in ``/api/learners``,
 
 kill: the learner process exits (137), goes dead, is restarted by the test and comes back;
 stall: stalled, then active; slow: its step time rises; drop: rounds merge without it;
-corrupt: its contributions are dead-lettered; disconnect: its heartbeat stops, then resumes.
+corrupt: its contributions are dead-lettered; disconnect: its heartbeat stops, then resumes;
+delay: its contributions arrive too late, so rounds merge without them. The synchronizer obeys
+``stall`` and ``disconnect`` from its own control stream: nothing merges meanwhile.
 """
 
 from __future__ import annotations
@@ -113,6 +115,38 @@ def test_disconnect_silences_the_heartbeat_then_it_returns(system: System):
         "the record",
     )
     assert notes[0].startswith("L0 went ") and any("active again" in n for n in notes)
+
+
+def _rounds_closed(system: System, start: float, end: float) -> list[dict[str, object]]:
+    rounds = system.get("/api/rounds", limit=1000)
+    return [r for r in rounds if start <= float(r["closed_at_s"]) <= end]
+
+
+def test_delay_holds_contributions_back_so_rounds_merge_without_them(system: System):
+    merged = system.merged()
+    t0 = time.time()
+    fault = system.post(
+        "/api/faults", {"target": "L0", "kind": "delay", "duration_s": 5, "delay_s": 2}
+    )
+    noted(system, fault["fault_id"], "during the delay window")
+    window = _rounds_closed(system, t0 + 1.0, t0 + 5.0)
+    with_l0 = [r for r in window if "L0" in {c["learner_id"] for c in r["contributors"]}]
+    # each contribution waits 2 s before it is sent: rounds close on L1's without it
+    assert len(window) >= 3 and len(with_l0) <= 1, [r["contributors"] for r in window]
+    merges_continue(system, merged)
+
+
+@pytest.mark.parametrize("kind", ["stall", "disconnect"])
+def test_synchronizer_obeys_stall_and_disconnect_from_its_control_stream(system: System, kind: str):
+    merges_continue(system, system.merged())
+    t0 = time.time()
+    fault = system.post("/api/faults", {"target": "synchronizer", "kind": kind, "duration_s": 4})
+    noted(system, fault["fault_id"], "went silent")
+    # nothing merges while it sleeps (stall) or acts as if Redis were gone (disconnect)
+    assert _rounds_closed(system, t0 + 1.5, t0 + 3.5) == []
+    merged = system.merged()
+    merges_continue(system, merged)
+    noted(system, fault["fault_id"], "active again")
 
 
 def test_kill_exits_the_process_and_a_restart_comes_back(system: System):

@@ -160,6 +160,10 @@ def test_the_formation_survives_its_faults_and_keeps_training(formation: Formati
     losses = [point["loss"] for point in state["eval"]]
     assert len(losses) >= 3, losses
     assert losses[-1] < losses[0] - 0.5, losses
+    # the evaluator's loss reaches the metrics too (the control plane tails eval.done)
+    metrics = f.http.get("/metrics").text
+    exported = re.search(r"^ddq_eval_loss(?:\{[^}]*\})? (\S+)$", metrics, flags=re.M)
+    assert exported and float(exported.group(1)) == pytest.approx(losses[-1], abs=0.5), metrics
     f.assert_whole()
 
 
