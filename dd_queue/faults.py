@@ -16,6 +16,7 @@ point              where
 ``before_round``   synchronizer, before it handles a fragment's round
 ``after_merge``    synchronizer, after merge + outer step, before the commit
 ``before_commit``  synchronizer, right before the fenced commit
+``after_commit``   synchronizer, right after the fenced commit (nothing else written yet)
 =================  ====================================================================
 
 Kinds and their default points (``params["point"]`` overrides): ``stall`` (freeze for the

@@ -11,8 +11,9 @@ A merge (Decoupled DiLoCo, synchronizer steps 3-5; Douillard et al., arXiv 2604.
    ``down`` notification, the round record with every settled entry's outcome, the acks of
    exactly those entries, and the deletion of the blobs the state no longer references.
 
-Fault points ``after_merge`` (between 3 and 4) and ``before_commit`` (between 4 and 5) let tests
-kill the synchronizer there. Until the commit, Redis is untouched apart from staged blobs, and
+Fault points ``after_merge`` (between 3 and 4), ``before_commit`` (between 4 and 5) and
+``after_commit`` (right after 5, before anything else is written or deleted) let tests kill the
+synchronizer there. Until the commit, Redis is untouched apart from staged blobs, and
 every entry is still pending; after it, the in-memory runtime takes the new version. Contribution
 payload blobs are deleted after the commit (their TTL covers a crash in between).
 """
@@ -156,6 +157,7 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     ]
     ctx.fault("before_commit")
     bus.commit(rt.lease, commit_ops, commit_id=f"{p}:{r}:{version}")
+    ctx.fault("after_commit")
     # Committed: the in-memory runtime takes the new version.
     replaced = [rt.theta, rt.momentum.momentum_buffer, *(h.delta for h in held)]
     rt.theta, rt.momentum, rt.state = merged.theta, merged.momentum, new_state

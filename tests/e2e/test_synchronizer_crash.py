@@ -4,10 +4,12 @@ A real redis-server and real processes: three learner stand-ins run in one proce
 heartbeat, answer every round opening with a contribution, sometimes twice, sometimes poisoned
 with a NaN), and the synchronizer runs in a child process that is killed with SIGKILL, either
 from outside at a random moment or by its own fault hook at ``after_merge`` (between merge and
-commit), ``before_commit`` or ``before_round``, then restarted: mostly under the same id (it
-re-reads its own pending entries), sometimes under a new one (it waits for the lease to expire
-and reclaims the dead one's entries). At the end, with learners stopped and the pending lists
-drained:
+commit), ``before_commit``, ``after_commit`` or ``before_round``, or just before its N-th write
+to Redis (any write: a commit, an ack, a staged blob, an event; ``CrashingBus``), so that every
+two writes that must be atomic have a kill point between them, then restarted: mostly under the
+same id (it re-reads its own pending entries), sometimes under a new one (it waits for the lease
+to expire and reclaims the dead one's entries). At the end, with learners stopped and the
+pending lists drained:
 
 - every contribution entry is settled exactly once: one settling outcome in one round record,
   or the dead-letter stream; no poisoned one is merged (it is dead-lettered when decoded, or
@@ -63,11 +65,49 @@ from tests.synchronizer_support import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 LEARNERS = ("L0", "L1", "L2")
-KILLS = 22
-POINTS = ("after_merge", "before_commit", "before_round", None, None)  # None: SIGKILL from outside
+KILLS = 33
+POINTS = (
+    "after_merge", "before_commit", "after_commit", "before_round",
+    "write:commit", "write:ack", "write:put_blobs", "write:delete_blobs", "write:append",
+    None, None,
+)  # fmt: skip
+"""Where the synchronizer dies: a fault hook; just before its next write of one kind
+(``write:<method>``: a write outside the commit that should have been inside it dies there); or
+None: a SIGKILL from outside at a random moment."""
+WRITES = (
+    "append", "ack", "dead_letter", "set", "delete", "put_blob", "put_blobs", "delete_blobs",
+    "commit",
+)  # fmt: skip
 FORK = multiprocessing.get_context("fork")
 KILLED = "test:killed"
 """Stream where a fault-hook kill notes its point before the SIGKILL."""
+STARTED = "test:started"
+"""Stream where each synchronizer incarnation notes its pid once it started (a kill before
+that would test nothing, so it does not count)."""
+
+
+class CrashingBus(RedisBus):
+    """A ``RedisBus`` that can die just before its next write of one kind (``arm``)."""
+
+    target: str | None = None
+    kill: Any = None
+
+    def arm(self, method: str, kill: Any) -> None:
+        self.target, self.kill = method, kill
+
+
+def _dying_write(name: str) -> Any:
+    def write(self: CrashingBus, *args: Any, **kwargs: Any) -> Any:
+        if self.target == name:
+            self.target = None
+            self.kill(f"before {name}")
+        return getattr(RedisBus, name)(self, *args, **kwargs)
+
+    return write
+
+
+for _name in WRITES:
+    setattr(CrashingBus, _name, _dying_write(_name))
 
 
 def seed_of(learner: str, fragment: int, round_id: int) -> int:
@@ -152,7 +192,7 @@ def synchronizer_main(cfg: DDQConfig, sid: str, point: str | None, arm_after_s: 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     clock = SystemClock()
-    bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options(), clock=clock)
+    bus = CrashingBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options(), clock=clock)
     injector = FaultInjector(sid, clock=clock)
 
     def kill(at: str) -> None:  # note where, then die as kill -9 does
@@ -169,9 +209,13 @@ def synchronizer_main(cfg: DDQConfig, sid: str, point: str | None, arm_after_s: 
         kill=kill,
     )
     sync.start()
+    bus.append(STARTED, {"pid": str(os.getpid()).encode()})
     armed_at = clock.now() + arm_after_s
     while not stop.is_set():
-        if point is not None and clock.now() >= armed_at:
+        if point is not None and point.startswith("write:") and clock.now() >= armed_at:
+            bus.arm(point.removeprefix("write:"), kill)
+            point = None
+        elif point is not None and clock.now() >= armed_at:
             injector.arm("kill", fault_id=f"kill-{point}", params={"point": point})
             point = None
         sync.pump(block_ms=20)
@@ -224,7 +268,7 @@ def test_kill_dash_nine_at_random_points_loses_and_duplicates_nothing(server):
     stop_learners = FORK.Event()
     learners = FORK.Process(target=learners_main, args=(cfg, stop_learners))
     learners.start()
-    seen, hooks_fired, kills = [-1, -1, -1], 0, 0
+    seen, hooks_fired, killed_pids = [-1, -1, -1], 0, []
     plan = [POINTS[i % len(POINTS)] for i in range(KILLS)]
     rng.shuffle(plan)
     try:
@@ -248,7 +292,7 @@ def test_kill_dash_nine_at_random_points_loses_and_duplicates_nothing(server):
                 hooks_fired += 1
             child.join()
             assert child.exitcode == -signal.SIGKILL, f"cycle {cycle}: exit {child.exitcode}"
-            kills += 1
+            killed_pids.append(child.pid)
         stop_learners.set()
         learners.join(10)
         # drain: one last incarnation settles everything still pending, then stops cleanly
@@ -267,8 +311,13 @@ def test_kill_dash_nine_at_random_points_loses_and_duplicates_nothing(server):
         if learners.is_alive():
             learners.kill()
     points = [e.fields["point"].decode() for e in bus.read(KILLED, count=1000)]
+    started = {int(e.fields["pid"]) for e in bus.read(STARTED, count=1000)}
+    kills = sum(pid in started for pid in killed_pids)  # died by SIGKILL after it started
     assert kills >= 20 and len(points) == hooks_fired >= 5, (kills, points)
     assert points.count("after_merge") >= 2, points  # between merge and commit
+    assert points.count("after_commit") >= 2, points  # committed, nothing after it done yet
+    writes = {x for x in points if x.startswith("before ")}
+    assert {"before commit", "before put_blobs"} <= writes, points  # inside a round's close
     versions = check_invariants(bus, cfg)
     print(f"{kills} kills ({len(points)} by fault hooks: {sorted(points)}); versions {versions}")
     bus.close()
@@ -311,7 +360,9 @@ def check_invariants(bus: RedisBus, cfg: DDQConfig) -> list[int]:
         assert published == list(range(len(published))), f"fragment {p}: versions {published}"
         assert len(published) > 20, f"fragment {p}: only {len(published)} versions"
         merged = [r for r in rounds if r.decision == "merge"]
-        assert len(merged) == len(published) - 1
+        assert [r.version_after for r in merged] == published[1:], f"fragment {p}: rounds"
+        chained = [0] + [r.version_after for r in rounds[:-1]]
+        assert [r.version_before for r in rounds] == chained, f"fragment {p}: rounds not chained"
         np.testing.assert_array_equal(
             latest_global(bus, cfg, p)[1], replay(cfg, tiny_source(), p, rounds, sent)
         )
