@@ -3,7 +3,8 @@ against a private redis-server with AOF): kill -9 a learner, SIGSTOP/SIGCONT ano
 the synchronizer and restart it, restart Redis (AOF) — and training goes on.
 
 Checked at the end, with the learners stopped and the pending lists empty: global versions
-only rose (sampled all along, and in the round records), no contribution was settled twice,
+never went down while sampled all along, and rose by exactly one per merge in the complete
+record (the round records and the ``down`` stream), no contribution was settled twice,
 every contribution entry is settled in a round record or dead-lettered (none lost), and the
 killed learner rejoined and contributed again.
 """
@@ -30,6 +31,7 @@ from dd_queue.messages import Heartbeat, RoundRecord
 from tests.e2e.test_faults_http_support import write_config
 from tests.integration.conftest import require_redis_server
 from tests.redisproc import RedisProcess, free_port
+from tests.synchronizer_support import versions_published
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -208,8 +210,20 @@ def _check_invariants(run: Run) -> None:
             RoundRecord.from_fields(e.fields, run_id="resil", limits=limits)
             for e in run.bus.read(run.bus.keys.rounds(p), count=100_000)
         ]
+        # The complete record (every round, every published version), so strict: one version
+        # per merge, none skipped or repeated, across every crash and restart.
         versions = [r.version_after for r in records if r.decision == "merge"]
-        assert versions == sorted(set(versions)), f"fragment {p}: versions not rising {versions}"
+        assert versions == list(range(1, len(versions) + 1)), (
+            f"fragment {p}: merged versions not 1, 2, 3, ...: {versions}"
+        )
+        chained = [0] + [r.version_after for r in records[:-1]]
+        assert [r.version_before for r in records] == chained, (
+            f"fragment {p}: a round did not start from the previous round's version"
+        )
+        published = versions_published(run.bus, run.cfg, p)
+        assert published == list(range(len(versions) + 1)), (
+            f"fragment {p}: down stream versions not 0, 1, 2, ... (one per merge): {published}"
+        )
         settled: dict[str, int] = {}
         for r in records:
             for o in r.entries:

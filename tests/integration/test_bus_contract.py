@@ -26,13 +26,14 @@ from dd_queue.bus import (
     DeleteOp,
     Entry,
     InvalidArgument,
+    Lease,
     SetOp,
     ops,
 )
 from dd_queue.bus._chunks import split_chunks
 from dd_queue.errors import BlobMissing, BusError, ConfigError, CorruptPayload, LeaseLost
 from dd_queue.keys import SYNC_GROUP, Keys, blob_chunk_key, check_name, fence_key, hash_tag
-from tests.integration.conftest import CHUNK_BYTES, BusCase
+from tests.integration.conftest import CHUNK_BYTES, BusCase, wait_until
 
 G = SYNC_GROUP
 
@@ -524,6 +525,84 @@ def test_renew_and_release(bus_case: BusCase) -> None:
     assert other is not None and other.token > lease.token
     with pytest.raises(LeaseLost):
         bus.renew_lease(lease, ttl_s=5)
+
+
+LEASE_TTL_S = 0.6
+"""TTL of the renewal tests: short, as the Redis buses let real time pass for it."""
+
+
+def _pass_bus_time(bus_case: BusCase, seconds: float) -> None:
+    """Let ``seconds`` of bus time pass: advance the FakeClock (MemoryBus), or wait with a
+    deadline until the server's own clock (``TIME``) has moved on that far (Redis)."""
+    if bus_case.clock is not None:
+        bus_case.clock.advance(seconds)
+        return
+    bus = bus_case.bus
+    target_s = bus.server_time_s() + seconds
+    wait_until(lambda: bus.server_time_s() >= target_s, seconds + 5.0, f"{seconds} s of bus time")
+
+
+def _assert_held(bus: Bus, lease: Lease) -> None:
+    """Assert the *server* still holds ``lease`` (not the client's estimate): another owner
+    cannot take it, and its key still stores this lease's value."""
+    assert bus.acquire_lease(lease.name, "sync-intruder", ttl_s=30) is None, (
+        f"{lease.name} was free for another owner: {lease.owner}'s lease expired on the server"
+    )
+    assert bus.get(lease.name) == lease.value.encode()
+
+
+def _renew_past_the_first_ttl(bus_case: BusCase, lease: Lease) -> None:
+    """Renew ``lease`` (just acquired) every quarter TTL until more than a TTL of bus time has
+    passed since, asserting before each renewal that the server still holds it."""
+    bus = bus_case.bus
+    start_s = bus.server_time_s()
+    for _ in range(8):  # 5 steps on a FakeClock; a slow real server needs no more
+        _pass_bus_time(bus_case, LEASE_TTL_S / 4)
+        _assert_held(bus, lease)
+        renewed = bus.renew_lease(lease, ttl_s=LEASE_TTL_S)
+        assert (renewed.token, renewed.nonce) == (lease.token, lease.nonce)
+        if bus.server_time_s() - start_s > LEASE_TTL_S:
+            return
+    pytest.fail(f"8 quarter-TTL steps of bus time did not add up to {LEASE_TTL_S} s")
+
+
+def test_renewing_keeps_the_lease_past_its_first_ttl(bus_case: BusCase) -> None:
+    # Renewed every quarter TTL, the lease outlives its first TTL on the server: a renew that
+    # only updates the client's estimate (not the server's expiry) loses it one TTL in.
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(1), "sync-a", ttl_s=LEASE_TTL_S)
+    assert lease is not None
+    _renew_past_the_first_ttl(bus_case, lease)
+    _pass_bus_time(bus_case, LEASE_TTL_S / 4)
+    _assert_held(bus, lease)
+    assert bus.renew_lease(lease, ttl_s=LEASE_TTL_S).token == lease.token
+    _assert_held(bus, lease)
+
+
+def test_a_holder_that_stops_renewing_loses_the_lease(bus_case: BusCase) -> None:
+    # Renewed past its first TTL, then no more: the lease lasts one TTL from the last renewal
+    # and no longer; another owner takes it and the old holder is fenced out.
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(2), "sync-a", ttl_s=LEASE_TTL_S)
+    assert lease is not None
+    _renew_past_the_first_ttl(bus_case, lease)
+    _pass_bus_time(bus_case, LEASE_TTL_S / 2)  # unrenewed, but within the last renewal's TTL
+    _assert_held(bus, lease)
+    taken: list[Lease] = []
+
+    def take_over() -> bool:
+        other = bus.acquire_lease(lease.name, "sync-b", ttl_s=30)
+        if other is not None:
+            taken.append(other)
+        return other is not None
+
+    bus_case.eventually(take_over, after_s=LEASE_TTL_S, what="takeover of an unrenewed lease")
+    assert taken[0].token > lease.token
+    assert bus.get(lease.name) == taken[0].value.encode()
+    with pytest.raises(LeaseLost):
+        bus.renew_lease(lease, ttl_s=LEASE_TTL_S)
+    assert not bus.release_lease(lease)
+    assert bus.renew_lease(taken[0], ttl_s=30).token == taken[0].token
 
 
 def test_reacquire_by_the_same_owner_fences_its_old_incarnation(bus_case: BusCase) -> None:
