@@ -1,6 +1,8 @@
 """The dashboard in a real browser (headless Debian chromium driven by Playwright) against a
 running system: learners are listed live, a click on a learner's ``stall`` button stalls it,
-the table shows the new state, and a screenshot is saved as a test artefact.
+the table shows the new state, and a screenshot is saved as a test artefact. A second test
+clicks every fault button (each fault's effect is observed), the duration input, the chaos
+toggle, waits for the eval chart's points, and checks the page through a Redis outage.
 
 Set ``DDQ_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to also copy the screenshot there.
 Without chromium the test skips locally and fails under ``CI=true`` (``.ci/run`` installs it).
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +78,84 @@ def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
         "the dashboard's fault in the API",
     )
     assert recorded[0]["by"].startswith("dashboard@") and recorded[0]["kind"] == "stall"
+
+
+FAULT_KINDS = ("stall", "slow", "drop", "delay", "corrupt", "disconnect", "kill")
+
+
+def _fault_of(system: System, kind: str, target: str, after_s: float) -> dict[str, object] | None:
+    return next(
+        (
+            f
+            for f in system.get("/api/faults", limit=200)
+            if f["kind"] == kind and f["target"] == target and f["issued_at_s"] >= after_s
+        ),
+        None,
+    )
+
+
+def test_every_control_of_the_dashboard_works_in_a_browser(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every fault button (with the duration input), the chaos toggle, the eval chart once an
+    evaluator runs, and the connection pill while Redis is down and after it is back."""
+    sync_api = import_or_require("playwright.sync_api", "pip install -e '.[dev]'")
+    executable = chromium_path()
+    monkeypatch.setenv("DDQ__SYNCHRONIZER__EVAL_INTERVAL_S", "2")
+    system.spawn("evaluator", "dd_queue.cli", "evaluator")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{system.http.base_url}/#token={TOKEN}")
+            page.wait_for_selector("#conn.ok")
+            page.fill("#fault-duration", "3")
+            for kind in FAULT_KINDS:
+                wait_until(lambda: system.learners()["L0"]["state"] == "active", 60, "L0 active")
+                sent_at = time.time() - 1.0
+                page.click(f"tr[data-learner=L0] button[data-fault={kind}]")
+                page.wait_for_selector(f"#action-msg:has-text('{kind} sent to L0')")
+                fault = wait_until(
+                    lambda k=kind, t=sent_at: _fault_of(system, k, "L0", t), 10, kind
+                )
+                assert str(fault["by"]).startswith("dashboard@"), fault
+                if kind not in ("kill", "corrupt"):
+                    assert fault["duration_s"] == 3.0, fault  # the duration input was used
+                done = wait_until(
+                    lambda kind=kind, sent_at=sent_at: (
+                        (x := _fault_of(system, kind, "L0", sent_at)) is not None
+                        and x["status"] in ("effective", "done")
+                        and x["effects"]
+                        and x
+                    ),
+                    40,
+                    f"the {kind} fault's observed effect",
+                )
+                assert done["effects"], done
+                if kind == "kill":
+                    assert system.procs["L0"].wait(timeout=20) == 137
+                    system.start_learner("L0")
+            page.check("#chaos")
+            page.wait_for_selector("#action-msg:has-text('chaos started')")
+            page.wait_for_selector("#chaos-status:has-text('running')")
+            assert system.get("/api/chaos")["active"] is True
+            page.uncheck("#chaos")
+            page.wait_for_selector("#action-msg:has-text('chaos stopped')")
+            wait_until(lambda: system.get("/api/chaos")["active"] is False, 10, "chaos off")
+            page.wait_for_function(
+                "() => { const d = document.getElementById('eval').data;"
+                " return d && d.length && d[0].y.length > 0; }",
+                timeout=60_000,
+            )
+            system.redis.kill()  # Redis down: SSE problem events, the pill says so
+            page.wait_for_selector("#conn.bad", timeout=30_000)
+            assert "redis" in page.inner_text("#conn").lower()
+            system.redis.start()
+            page.wait_for_selector("#conn.ok", timeout=60_000)  # and the page recovers
+        finally:
+            browser.close()
+    assert not errors, errors
