@@ -1,10 +1,12 @@
 """Every ``ddq`` service started with Redis down, or before the run exists, waits and says so
 in its log instead of exiting; once what it needs comes, it goes on. One test per service, each
 with real processes and a real redis-server started late on the port the service was given.
-The evaluator also rides out a Redis crash (kill -9, AOF) after it started evaluating."""
+The evaluator also rides out a Redis crash (kill -9, AOF) after it started evaluating; the
+control plane's ``/readyz`` turns 503 while the synchronizer's heartbeat is stale (SIGSTOP)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,6 +117,20 @@ def test_control_plane_serves_while_redis_is_down_and_recovers(
         services.start("synchronizer")
         services.wait_for(
             lambda: services.http.get("/readyz").status_code == 200, 90, "/readyz ready"
+        )
+        sync = services.procs["synchronizer"]
+        sync.send_signal(signal.SIGSTOP)  # alive, but its heartbeat goes stale
+        try:
+            stale = services.wait_for(
+                lambda: (r := services.http.get("/readyz")).status_code == 503 and r,
+                30,
+                "/readyz 503 on a stale synchronizer heartbeat",
+            )
+            assert "s old > stalled_after_s" in stale.json()["reason"], stale.text
+        finally:
+            sync.send_signal(signal.SIGCONT)
+        services.wait_for(
+            lambda: services.http.get("/readyz").status_code == 200, 60, "/readyz ready again"
         )
     finally:
         services.close()
