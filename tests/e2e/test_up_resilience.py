@@ -1,6 +1,7 @@
 """Resilience with real processes started as the Procfile starts them (``python -m services.*``
 against a private redis-server with AOF): kill -9 a learner, SIGSTOP/SIGCONT another, kill -9
-the synchronizer and restart it, restart Redis (AOF) — and training goes on.
+the synchronizer and restart it, restart Redis (AOF) gracefully and then after a kill -9 — and
+training goes on (merges continue while a learner is stopped).
 
 Checked at the end, with the learners stopped and the pending lists empty: global versions
 never went down while sampled all along, and rose by exactly one per merge in the complete
@@ -170,6 +171,9 @@ def _exercise(run: Run) -> None:
     run.procs["L1"].send_signal(signal.SIGSTOP)
     stalled_s = run.cfg.membership.stalled_after_s
     poll(lambda: (run.beat_age("L1") or 0) > stalled_s, 30, "L1 silent while stopped")
+    # merges go on without the stopped learner (and the killed one)
+    before = {rid for rid, _ in run.rounds()}
+    poll(lambda: run.merged_by("L2", frozenset(before)), 60, "merging while L1 is stopped")
     run.procs["L1"].send_signal(signal.SIGCONT)
 
     run.procs["synchronizer"].kill()  # kill -9 the synchronizer, then restart it
@@ -181,6 +185,9 @@ def _exercise(run: Run) -> None:
     run.redis.restart(graceful=True)  # Redis restart: AOF keeps streams, groups, pending
     before = {rid for rid, _ in run.rounds()}
     poll(lambda: run.merged_by("L1", frozenset(before)), 90, "L1 merging after Redis restart")
+    run.redis.restart()  # a Redis crash (kill -9): what it acknowledged is in the AOF file
+    before = {rid for rid, _ in run.rounds()}
+    poll(lambda: run.merged_by("L2", frozenset(before)), 90, "merging after a Redis crash")
 
     poll(lambda: run.beat_age("L0") is None, 30, "the dead L0's heartbeat to expire")
     before = {rid for rid, _ in run.rounds()}
