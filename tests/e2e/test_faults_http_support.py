@@ -11,6 +11,7 @@ processes it started (SIGTERM, then SIGKILL) and prints the log tails of any tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -139,19 +140,27 @@ class System:
         return "\n".join(text[-lines:])
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        """SIGTERM every service still running; each must stop cleanly (exit 0) within 15 s.
+
+        Raises:
+            AssertionError: A service did not exit 0 on SIGTERM (after everything is cleaned up).
+        """
+        running = [name for name, proc in self.procs.items() if proc.poll() is None]
+        for name in running:
+            self.procs[name].send_signal(signal.SIGTERM)
+        unclean: dict[str, int] = {}
         for name, proc in self.procs.items():
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            if proc.returncode not in (0, -signal.SIGTERM, 137, -signal.SIGKILL):
+            if name in running and proc.returncode != 0:
+                unclean[name] = proc.returncode
                 sys.stderr.write(f"--- {name} exited {proc.returncode}:\n{self.log_tail(name)}\n")
         self.http.close()
         self.redis.close()
+        assert not unclean, f"services that did not stop cleanly on SIGTERM: {unclean}"
 
     def __enter__(self) -> System:
         try:
@@ -159,7 +168,8 @@ class System:
         except BaseException:
             for name in self.procs:
                 sys.stderr.write(f"--- {name}:\n{self.log_tail(name)}\n")
-            self.close()
+            with contextlib.suppress(AssertionError):  # the start's failure is the news
+                self.close()
             raise
 
     def __exit__(self, *exc: object) -> None:
