@@ -72,14 +72,13 @@ def test_drop_lets_rounds_merge_without_the_learner(system: System):
     merged = system.merged()
     t0 = time.time()
     fault = system.post("/api/faults", {"target": "L1", "kind": "drop", "duration_s": 5})
-    time.sleep(5.5)
+    noted(system, fault["fault_id"], "during the drop window")  # the window is over
     rounds = system.get("/api/rounds", limit=1000)
     window = [r for r in rounds if t0 + 1.0 <= r["closed_at_s"] <= t0 + 5.0]
     assert window and all(r["decision"] == "merge" for r in window), window
     without = [r for r in window if "L1" not in {c["learner_id"] for c in r["contributors"]}]
     assert len(without) >= len(window) - 1, [r["contributors"] for r in window]
     assert system.merged() > merged
-    noted(system, fault["fault_id"], "during the drop window")
 
 
 def test_corrupt_contributions_are_dead_lettered(system: System):
