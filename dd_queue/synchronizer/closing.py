@@ -11,6 +11,12 @@ A merge (Decoupled DiLoCo, synchronizer steps 3-5; Douillard et al., arXiv 2604.
    ``down`` notification, the round record with every settled entry's outcome, the acks of
    exactly those entries, and the deletion of the blobs the state no longer references.
 
+A merge whose new Θ_p or momentum is not finite (finite contributions can still overflow
+float32 in the outer step, e.g. values near 3e38) is never staged: ``merge_round`` raises
+``RoundFailed`` naming the contributions that cause it (each one whose merge alone is not
+finite; all of them when only their combination is), and the loop dead-letters those with the
+reason and lets the round go on without them. Bad data never ends the process.
+
 Fault points ``after_merge`` (between 3 and 4), ``before_commit`` (between 4 and 5) and
 ``after_commit`` (right after 5, before anything else is written or deleted) let tests kill the
 synchronizer there. Until the commit, Redis is untouched apart from staged blobs, and
@@ -38,9 +44,18 @@ from dd_queue.synchronizer.context import Context
 from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
 from dd_queue.synchronizer.state import FragmentState, VersionRef
 
-__all__ = ["abandon_round", "merge_round"]
+__all__ = ["RoundFailed", "abandon_round", "merge_round"]
 
 log = logging.getLogger("dd_queue.synchronizer")
+
+
+class RoundFailed(Exception):
+    """A merge came out non-finite; ``culprits`` are the held contributions to refuse, each
+    with its dead-letter reason. Nothing was staged or committed."""
+
+    def __init__(self, culprits: list[tuple[Held, str]]) -> None:
+        super().__init__("; ".join(reason for _, reason in culprits))
+        self.culprits = culprits
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,21 +88,23 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
     kept, anchorings = anchor_contributions(contribs, rt.ring, anchor=sync.anchor)
     buffers, size = ctx.buffers, rt.fragment.size
     out = buffers.take(size)
-    result = merge_fragment(
-        kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
-    )
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked, not warned
+        result = merge_fragment(
+            kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
+        )
     t1 = clock.now()
     theta = buffers.take(size)
     momentum = NesterovState(buffers.take(size), rt.momentum.step)
     if result.kind == "merged":  # into new arrays: Θ_p and b stay as committed until the commit
-        nesterov_step(
-            rt.theta,
-            result.delta,
-            rt.momentum,
-            lr=sync.outer_lr,
-            momentum=sync.outer_momentum,
-            out=(theta, momentum),
-        )
+        with np.errstate(over="ignore", invalid="ignore"):
+            nesterov_step(
+                rt.theta,
+                result.delta,
+                rt.momentum,
+                lr=sync.outer_lr,
+                momentum=sync.outer_momentum,
+                out=(theta, momentum),
+            )
     else:
         np.copyto(theta, rt.theta)
         np.copyto(momentum.momentum_buffer, rt.momentum.momentum_buffer)
@@ -127,6 +144,9 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     bus, p, r, state = ctx.bus, rt.fragment_id, rt.round.round_id, rt.state
     held = [rt.held[learner] for learner in sorted(rt.held)]
     merged = _merge(ctx, rt, held)
+    if not _finite(merged):
+        _release(ctx, merged)
+        raise RoundFailed(_culprits(ctx, rt, held))
     ctx.fault("after_merge")
     t_stage, version = ctx.clock.now(), state.version + 1
     ref, header, mref = blobs.stage(
@@ -171,6 +191,41 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     _delete_payloads(ctx, rt, [*(h.blob for h in held), *(s.blob for s in settled)])
     log.info("round.merged fragment %d round %d → version %d: %s", p, r, version, reason)
     ctx.emit("round.merged", reason, fragment=p, round=r, version=version, contributors=len(held))
+
+
+def _finite(merged: _Merged) -> bool:
+    return bool(
+        np.isfinite(merged.theta).all() and np.isfinite(merged.momentum.momentum_buffer).all()
+    )
+
+
+def _release(ctx: Context, merged: _Merged) -> None:
+    """Give back the new arrays of a merge that will not be committed."""
+    spare = [merged.theta, merged.momentum.momentum_buffer]
+    ctx.buffers.give([*spare, *([merged.scratch] if merged.scratch is not None else [])])
+
+
+def _culprits(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> list[tuple[Held, str]]:
+    """The held contributions that make the merge non-finite: each whose merge alone is; if
+    none is alone, all of them (their combination overflows)."""
+    alone = []
+    for h in held:
+        solo = _merge(ctx, rt, [h])
+        if not _finite(solo):
+            peak = (
+                f"max |Δ| {float(np.max(np.abs(h.delta))):.3g}, "
+                if isinstance(h.delta, np.ndarray) and h.delta.size
+                else ""
+            )
+            why = f"fragment {rt.fragment_id}'s Θ or momentum non-finite"
+            alone.append(
+                (h, f"overflow: merged alone it makes {why} ({peak}{h.msg.n_tokens} tokens)")
+            )
+        _release(ctx, solo)
+    if alone:
+        return alone
+    why = f"overflow: the {len(held)} contributions of round {rt.round.round_id} together make "
+    return [(h, why + "the merge non-finite") for h in held]
 
 
 def _merged_state(

@@ -53,7 +53,7 @@ from dd_queue.faults import FaultInjector
 from dd_queue.fetchers import available
 from dd_queue.keys import SYNC_GROUP, check_name
 from dd_queue.synchronizer import recovery
-from dd_queue.synchronizer.closing import abandon_round, merge_round
+from dd_queue.synchronizer.closing import RoundFailed, abandon_round, merge_round
 from dd_queue.synchronizer.context import Context, hard_kill
 from dd_queue.synchronizer.intake import admit_entries, dead_letter, to_read
 from dd_queue.synchronizer.members import Commands, Learners, beat
@@ -388,13 +388,28 @@ class Synchronizer:
             return
         self._renew(rt, now, early_s=ctx.sync.lease_ttl_s / 3)
         if d.kind == "merge":
-            merge_round(ctx, rt, d, now)
+            try:
+                merge_round(ctx, rt, d, now)
+            except RoundFailed as failed:  # bad data: refuse it, the round goes on without it
+                self._refuse(rt, failed)
+                return
             self.rounds_merged += 1
         else:
             abandon_round(ctx, rt, d, now)
         if ctx.sync.schedule == "learner":
             next_id = rt.round.round_id + (ctx.sync.n_fragments if d.kind == "abandon" else 0)
             rt.announce(ctx, next_id, now, "learner-paced: next round of the fragment")
+
+    def _refuse(self, rt: FragmentRuntime, failed: RoundFailed) -> None:
+        """Dead-letter the contributions that made a merge non-finite; the round is decided
+        again without them (its next decision may merge the rest, or abandon)."""
+        for h, _ in failed.culprits:
+            rt.held.pop(h.msg.learner_id, None)
+        self.ctx.buffers.give([h.delta for h, _ in failed.culprits])
+        rt.decision = None
+        log.error("round.refused fragment %d round %d: %s", rt.fragment_id, rt.round.round_id,
+                  failed)  # fmt: skip
+        dead_letter(self.ctx, rt, [(h.entry, reason) for h, reason in failed.culprits])
 
     # ── contributions ─────────────────────────────────────────────────────────────────────
     def _read(self, block_ms: int, wait_s: float) -> list[Entry]:

@@ -132,6 +132,46 @@ def test_quorum_and_grace_window_follow_the_core_policy(bus, run_id):
         sync.close()
 
 
+def test_an_overflowing_contribution_is_dead_lettered_and_merging_goes_on(bus, run_id):
+    """Finite values near float32's max pass intake, but the outer step overflows: the round
+    refuses that contribution with its reason instead of ending the process, and the next
+    rounds merge."""
+    cfg = make_config(run_id, quorum=1, grace_cap_s=0.0)
+    sync = start(bus, cfg)
+    size = size_of(cfg, 0)
+    r = announced_round(sync, 0)
+    bad = contribute(
+        bus,
+        cfg,
+        learner_id="L1",
+        fragment_id=0,
+        round_id=r,
+        base_version=0,
+        delta=np.full(size, 3e38, np.float32),
+    )
+    pump_until(sync, lambda: len(dead_letters(bus, 0)) == 1, 10.0, "the overflow dead-lettered")
+    (letter,) = dead_letters(bus, 0)
+    assert letter.fields["ddq.dlq.id"].decode() == bad
+    assert letter.fields["ddq.dlq.reason"].decode().startswith("overflow: merged alone"), letter
+    good = np.full(size, 0.01, np.float32)
+    deadline = time.monotonic() + 20.0
+    while not any(r.decision == "merge" and r.contributors for r in records(bus, cfg, 0)):
+        assert time.monotonic() < deadline, "no merge after the refusal"
+        r2 = announced_round(sync, 0)
+        contribute(
+            bus, cfg, learner_id="L0", fragment_id=0, round_id=r2, base_version=0, delta=good
+        )
+        pump_until(sync, lambda r2=r2: not _open_at(sync, 0, r2), 10.0, "the round to close")
+    msg, theta = latest_global(bus, cfg, 0)
+    assert msg.version >= 1 and np.isfinite(theta).all()
+    assert versions_published(bus, cfg, 0) == list(range(msg.version + 1))
+
+
+def _open_at(sync: Synchronizer, fragment: int, round_id: int) -> bool:
+    status = {s.fragment_id: s for s in sync.status()}[fragment]
+    return status.round_id == round_id
+
+
 def test_invalid_and_nan_contributions_are_dead_lettered_and_never_merged(bus, run_id):
     cfg = make_config(run_id, quorum=1, grace_cap_s=0.0)
     sync = start(bus, cfg)
