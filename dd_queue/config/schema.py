@@ -343,6 +343,12 @@ class SynchronizerConfig(_Section):
         description="Child processes that fetch and decode contributions (Linux, Redis; 0 = a "
         "thread of the synchronizer's own process).",
     )
+    max_tokens_per_step: int = Field(
+        0,
+        ge=0,
+        description="A contribution claiming more tokens per inner step is dead-lettered as "
+        "implausible (0: 1024 × data.batch_size × the model's seq_len, room for big DDP groups).",
+    )
 
     def policy_params(self) -> PolicyParams:
         """The core policy's knobs, which mirror this section's field names."""

@@ -49,6 +49,7 @@ class Context:
         limits: Decode limits of every message, derived once.
         policy: The quorum policy's knobs, derived once.
         membership: The liveness thresholds, derived once.
+        max_tokens_per_step: A contribution's n_tokens ÷ n_steps above this is implausible.
         buffers: Fragment-sized float32 arrays for reuse (decoded contributions, Θ_p, ...).
     """
 
@@ -63,6 +64,7 @@ class Context:
     limits: MessageLimits = field(init=False)
     policy: PolicyParams = field(init=False)
     membership: MembershipParams = field(init=False)
+    max_tokens_per_step: int = field(init=False)
     buffers: BufferPool = field(init=False, default_factory=BufferPool)
 
     def __post_init__(self) -> None:
@@ -72,6 +74,10 @@ class Context:
         object.__setattr__(self, "limits", self.cfg.wire.message_limits())
         object.__setattr__(self, "policy", self.cfg.synchronizer.policy_params())
         object.__setattr__(self, "membership", self.cfg.membership.params())
+        bound = self.cfg.synchronizer.max_tokens_per_step or (
+            1024 * self.cfg.data.batch_size * self.cfg.model.spec().seq_len
+        )
+        object.__setattr__(self, "max_tokens_per_step", bound)
 
     @property
     def sync(self) -> SynchronizerConfig:

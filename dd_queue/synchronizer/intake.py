@@ -6,8 +6,9 @@ Per entry, in order (the first that applies decides):
 2. a trimmed entry (no fields) is settled as ``dropped``;
 3. the entry is read and verified whole (``ops.read_contribution``, perhaps ahead of time by
    the ``Prefetcher``: envelope, run, stream, reference, blob framing, checksum, NaN/Inf, size
-   limits), then its config digest and size are compared with ours: any failure dead-letters
-   it with the reason. One exception: a
+   limits), then its counters are checked for plausibility (``implausible``: at most
+   ``max_tokens_per_step`` tokens per step) and its config digest and size compared
+   with ours: any failure dead-letters it with the reason. One exception: a
    missing payload of an entry that could not merge anyway (a duplicate or late twin of a
    merged one, whose commit deleted the shared payload) is settled by its outcome instead;
 4. ``core.rounds.RoundState.admit`` says duplicate / late / invalid / stale / superseded: the
@@ -137,6 +138,14 @@ def _offer_without_payload(
 
 
 def _check_compatible(ctx: Context, rt: FragmentRuntime, msg: Contribution, size: int) -> None:
+    if msg.n_tokens > max(msg.n_steps, 1) * ctx.max_tokens_per_step:
+        raise ProtocolError(
+            f"{msg.n_tokens} tokens in {msg.n_steps} steps: more than "
+            f"{ctx.max_tokens_per_step} tokens per step (synchronizer.max_tokens_per_step) "
+            "cannot come from this run's model and batches; it would outweigh every other "
+            "learner",
+            reason="implausible",
+        )
     if msg.config_digest != ctx.digest:
         raise IncompatibleMessage(
             f"config digest {msg.config_digest} differs from the run's {ctx.digest}"

@@ -167,6 +167,42 @@ def test_an_overflowing_contribution_is_dead_lettered_and_merging_goes_on(bus, r
     assert versions_published(bus, cfg, 0) == list(range(msg.version + 1))
 
 
+def test_an_implausible_token_count_is_dead_lettered_not_weighted(bus, run_id):
+    """2^62 tokens in 4 steps would take all the weight of its round: refused as implausible,
+    while an honest contribution of the same round merges."""
+    cfg = make_config(run_id, quorum=1, grace_cap_s=0.5, round_timeout_s=5.0)
+    for learner in ("L0", "L1"):
+        beat(bus, cfg, learner)
+    sync = start(bus, cfg)
+    size = size_of(cfg, 0)
+    r = announced_round(sync, 0)
+    forged = contribute(
+        bus,
+        cfg,
+        learner_id="L1",
+        fragment_id=0,
+        round_id=r,
+        base_version=0,
+        delta=np.full(size, 0.5, np.float32),
+        n_tokens=2**62,
+    )
+    contribute(
+        bus,
+        cfg,
+        learner_id="L0",
+        fragment_id=0,
+        round_id=r,
+        base_version=0,
+        delta=np.full(size, 0.01, np.float32),
+    )
+    pump_until(sync, lambda: bool(records(bus, cfg, 0)), 10.0, "the round to close")
+    (letter,) = dead_letters(bus, 0)
+    assert letter.fields["ddq.dlq.id"].decode() == forged
+    assert letter.fields["ddq.dlq.reason"].decode().startswith("implausible: 4611686018427387904")
+    (record,) = records(bus, cfg, 0)
+    assert [c.learner_id for c in record.contributors] == ["L0"], record
+
+
 def _open_at(sync: Synchronizer, fragment: int, round_id: int) -> bool:
     status = {s.fragment_id: s for s in sync.status()}[fragment]
     return status.round_id == round_id
