@@ -16,6 +16,7 @@ without being copied; any other array is sent as header + array, which the bus j
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,11 +26,13 @@ from dd_queue.core.anchor import VersionRing
 from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
 from dd_queue.core.merge import F32
 from dd_queue.core.outer import NesterovState, state_from_bytes, state_parts
-from dd_queue.errors import CorruptPayload
+from dd_queue.errors import BlobMissing, CorruptPayload, ProtocolError
 from dd_queue.messages import MessageLimits
 from dd_queue.synchronizer.buffers import framed
 from dd_queue.synchronizer.state import FragmentState, VersionRef
 from dd_queue.wire import blob_parts, unpack_blob
+
+log = logging.getLogger("dd_queue.synchronizer")
 
 __all__ = ["delete_keys_of", "load_momentum", "load_ring", "stage"]
 
@@ -102,10 +105,31 @@ def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -
 def load_ring(
     bus: Bus, state: FragmentState, *, capacity: int, limits: MessageLimits, size: int
 ) -> tuple[VersionRing, F32]:
-    """The version ring (last ``capacity`` versions of the state's ring) and Θ_p(v), a copy."""
+    """The version ring (last ``capacity`` versions of the state's ring) and Θ_p(v), a copy.
+
+    An older kept version whose blob is gone or does not verify is left out of the ring, with
+    a logged reason (a contribution based on it is then dropped as its base left the ring); it
+    never stops the synchronizer. Only the current version must load.
+
+    Raises:
+        BlobMissing, ProtocolError: Θ_p(v) itself cannot be read.
+    """
     ring = VersionRing(capacity=capacity, size=size)
     for ref in state.ring[-capacity:]:
-        ring.push(ref.version, load_theta(bus, ref, limits=limits, size=size))
+        try:
+            theta = load_theta(bus, ref, limits=limits, size=size)
+        except (BlobMissing, ProtocolError) as exc:
+            if ref.version == state.version:
+                raise
+            log.warning(
+                "fragment.ring_dropped fragment %d version %d: its blob cannot be read (%s); "
+                "contributions based on it are dropped",
+                state.fragment_id,
+                ref.version,
+                exc,
+            )
+            continue
+        ring.push(ref.version, theta)
     current = ring.get(state.version)
     if current is None:  # unreachable: the ring always ends with the current version
         raise CorruptPayload(f"fragment {state.fragment_id}: version {state.version} not loaded")

@@ -36,6 +36,7 @@ from tests.synchronizer_support import (
     pending_count,
     records,
     settled_outcomes,
+    state_of,
     tiny_source,
     versions_published,
     with_nan,
@@ -201,6 +202,52 @@ def test_an_implausible_token_count_is_dead_lettered_not_weighted(bus, run_id):
     assert letter.fields["ddq.dlq.reason"].decode().startswith("implausible: 4611686018427387904")
     (record,) = records(bus, cfg, 0)
     assert [c.learner_id for c in record.contributors] == ["L0"], record
+
+
+def _merge_one(sync: Synchronizer, bus, cfg, learner: str, base: int) -> None:
+    """Contribute to fragment 0's next round until it merges a contribution."""
+    merged = sum(r.decision == "merge" and bool(r.contributors) for r in records(bus, cfg, 0))
+    deadline = time.monotonic() + 20.0
+    while (
+        sum(r.decision == "merge" and bool(r.contributors) for r in records(bus, cfg, 0)) == merged
+    ):
+        assert time.monotonic() < deadline, "no merge"
+        r = announced_round(sync, 0)
+        delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+        contribute(bus, cfg, learner_id=learner, fragment_id=0, round_id=r, base_version=base,
+                   delta=delta)  # fmt: skip
+        pump_until(sync, lambda r=r: not _open_at(sync, 0, r), 10.0, "the round to close")
+
+
+def test_a_corrupt_kept_version_is_dropped_from_the_ring_not_a_crash(
+    bus, run_id, redis_server, caplog
+):
+    """An older version's blob overwritten in Redis: a restarted synchronizer leaves it out of
+    its ring with the reason, refuses a contribution based on it, and merges on."""
+    cfg = make_config(run_id, quorum=1, grace_cap_s=0.0, version_ring=4)
+    sync = start(bus, cfg)
+    for _ in range(3):
+        _merge_one(sync, bus, cfg, "L0", latest_global(bus, cfg, 0)[0].version)
+    state = state_of(bus, cfg, 0)
+    (kept,) = [ref for ref in state.ring if ref.version == 1]
+    client = redis_server.client()
+    for key in kept.ref.chunk_keys():
+        client.set(key, b"\x00" * len(client.get(key) or b"x"))  # same size, wrong bytes
+    client.close()
+    sync.close()
+    with caplog.at_level("WARNING", logger="dd_queue.synchronizer"):
+        sync = start(bus, cfg)  # before: load_ring raised and the process died, every restart
+    assert "fragment.ring_dropped fragment 0 version 1" in caplog.text
+    version = state.version
+    r = announced_round(sync, 0)
+    contribute(bus, cfg, learner_id="L1", fragment_id=0, round_id=r, base_version=1,
+               delta=np.full(size_of(cfg, 0), 0.01, np.float32))  # fmt: skip
+    _merge_one(sync, bus, cfg, "L0", version)
+    outcomes = [e for rec in records(bus, cfg, 0) for e in rec.entries if e.learner_id == "L1"]
+    assert outcomes and all(e.outcome != "merged" for e in outcomes), outcomes
+    msg, theta = latest_global(bus, cfg, 0)
+    assert msg.version > version and np.isfinite(theta).all()
+    sync.close()
 
 
 def _open_at(sync: Synchronizer, fragment: int, round_id: int) -> bool:
