@@ -77,8 +77,17 @@ def make_config(run_id: str = "t", **sync: Any) -> DDQConfig:
     return validate_config(raw)
 
 
-def beat(bus: Bus, cfg: DDQConfig, learner_id: str, *, step_time_s: float = 0.05) -> None:
-    """A learner heartbeat (expires after ``membership.dead_after_s``)."""
+def beat(
+    bus: Bus,
+    cfg: DDQConfig,
+    learner_id: str,
+    *,
+    step_time_s: float = 0.05,
+    host: str | None = None,
+    pid: int | None = None,
+) -> None:
+    """A learner heartbeat (expires after ``membership.dead_after_s``), from this process
+    unless ``host`` / ``pid`` say otherwise."""
     hb = Heartbeat(
         run_id=cfg.run.run_id,
         config_digest=cfg.run_digest,
@@ -91,8 +100,8 @@ def beat(bus: Bus, cfg: DDQConfig, learner_id: str, *, step_time_s: float = 0.05
         versions={},
         queue_depths={},
         device="cpu",
-        host=socket.gethostname(),
-        pid=os.getpid(),
+        host=socket.gethostname() if host is None else host,
+        pid=os.getpid() if pid is None else pid,
         sent_at_s=1.0,
     )
     bus.heartbeat(learner_id, hb.to_bytes(), ttl_s=cfg.membership.dead_after_s)

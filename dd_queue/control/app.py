@@ -38,13 +38,11 @@ from dd_queue.control.plane import ControlPlane
 from dd_queue.control.routes import ROUTERS
 from dd_queue.control.routes.dashboard import STATIC_DIR
 from dd_queue.errors import BusError, DDQError
+from dd_queue.startup import NOTE_EVERY_S
 
 __all__ = ["JsonBodies", "create_app"]
 
 log = logging.getLogger("dd_queue.control")
-
-
-_NOTE_EVERY_S = 5.0
 
 
 async def _ticker(plane: ControlPlane, period_s: float) -> None:
@@ -62,7 +60,7 @@ async def _ticker(plane: ControlPlane, period_s: float) -> None:
                     now - failing_since,
                     exc,
                 )
-                next_note_s = now + _NOTE_EVERY_S
+                next_note_s = now + NOTE_EVERY_S
         else:
             if failing_since is not None:
                 log.info("control.redis_back after %.0f s", time.monotonic() - failing_since)

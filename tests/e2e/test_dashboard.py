@@ -14,7 +14,9 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,12 +42,11 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield running
 
 
-def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
-    system: System, tmp_path: Path
-):
+@contextmanager
+def dashboard_page(system: System, errors: list[str]) -> Iterator[Any]:
+    """The dashboard, with the admin token, in headless Chromium; page errors go to ``errors``."""
     sync_api = import_or_require("playwright.sync_api", "pip install -e '.[dev]'")
     executable = chromium_path()
-    errors: list[str] = []
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=executable, headless=True, args=["--no-sandbox"]
@@ -54,19 +55,27 @@ def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(f"{system.http.base_url}/#token={TOKEN}")
-            for learner in ("L0", "L1"):
-                page.wait_for_selector(f"tr[data-learner={learner}][data-state=active]")
-            page.wait_for_selector("#conn.ok")
-            page.wait_for_selector("#timeline .bars")  # Plotly drew the round timeline
-            page.click("tr[data-learner=L1] button[data-fault=stall]")
-            page.wait_for_selector("#action-msg:has-text('stall sent to L1')")
-            page.wait_for_selector("tr[data-learner=L1][data-state=stalled]", timeout=10_000)
-            assert "stalled" in page.inner_text("tr[data-learner=L1] td.state")
-            page.wait_for_selector("#faults li:has-text('stall L1 by dashboard')")
-            shot = tmp_path / "dashboard.png"
-            page.screenshot(path=str(shot))
+            yield page
         finally:
             browser.close()
+
+
+def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
+    system: System, tmp_path: Path
+):
+    errors: list[str] = []
+    with dashboard_page(system, errors) as page:
+        for learner in ("L0", "L1"):
+            page.wait_for_selector(f"tr[data-learner={learner}][data-state=active]")
+        page.wait_for_selector("#conn.ok")
+        page.wait_for_selector("#timeline .bars")  # Plotly drew the round timeline
+        page.click("tr[data-learner=L1] button[data-fault=stall]")
+        page.wait_for_selector("#action-msg:has-text('stall sent to L1')")
+        page.wait_for_selector("tr[data-learner=L1][data-state=stalled]", timeout=10_000)
+        assert "stalled" in page.inner_text("tr[data-learner=L1] td.state")
+        page.wait_for_selector("#faults li:has-text('stall L1 by dashboard')")
+        shot = tmp_path / "dashboard.png"
+        page.screenshot(path=str(shot))
     assert not errors, errors
     assert shot.stat().st_size > 10_000
     print(f"dashboard screenshot: {shot}")
@@ -99,63 +108,58 @@ def test_every_control_of_the_dashboard_works_in_a_browser(
 ) -> None:
     """Every fault button (with the duration input), the chaos toggle, the eval chart once an
     evaluator runs, and the connection pill while Redis is down and after it is back."""
-    sync_api = import_or_require("playwright.sync_api", "pip install -e '.[dev]'")
-    executable = chromium_path()
     monkeypatch.setenv("DDQ__SYNCHRONIZER__EVAL_INTERVAL_S", "2")
     system.spawn("evaluator", "dd_queue.cli", "evaluator")
     errors: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=executable, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(f"{system.http.base_url}/#token={TOKEN}")
-            page.wait_for_selector("#conn.ok")
-            page.fill("#fault-duration", "3")
-            for kind in FAULT_KINDS:
-                wait_until(lambda: system.learners()["L0"]["state"] == "active", 60, "L0 active")
-                sent_at = time.time() - 1.0
-                page.click(f"tr[data-learner=L0] button[data-fault={kind}]")
-                page.wait_for_selector(f"#action-msg:has-text('{kind} sent to L0')")
-                fault = wait_until(
-                    lambda k=kind, t=sent_at: _fault_of(system, k, "L0", t), 10, kind
-                )
-                assert str(fault["by"]).startswith("dashboard@"), fault
-                if kind not in ("kill", "corrupt"):
-                    assert fault["duration_s"] == 3.0, fault  # the duration input was used
-                done = wait_until(
-                    lambda kind=kind, sent_at=sent_at: (
-                        (x := _fault_of(system, kind, "L0", sent_at)) is not None
-                        and x["status"] in ("effective", "done")
-                        and x["effects"]
-                        and x
-                    ),
-                    40,
-                    f"the {kind} fault's observed effect",
-                )
-                assert done["effects"], done
-                if kind == "kill":
-                    assert system.procs["L0"].wait(timeout=20) == 137
-                    system.start_learner("L0")
-            page.check("#chaos")
-            page.wait_for_selector("#action-msg:has-text('chaos started')")
-            page.wait_for_selector("#chaos-status:has-text('running')")
-            assert system.get("/api/chaos")["active"] is True
-            page.uncheck("#chaos")
-            page.wait_for_selector("#action-msg:has-text('chaos stopped')")
-            wait_until(lambda: system.get("/api/chaos")["active"] is False, 10, "chaos off")
-            page.wait_for_function(
-                "() => { const d = document.getElementById('eval').data;"
-                " return d && d.length && d[0].y.length > 0; }",
-                timeout=60_000,
+    with dashboard_page(system, errors) as page:
+        page.wait_for_selector("#conn.ok")
+        page.fill("#fault-duration", "3")
+        for kind in FAULT_KINDS:
+            wait_until(lambda: system.learners()["L0"]["state"] == "active", 60, "L0 active")
+            sent_at = time.time() - 1.0
+            page.click(f"tr[data-learner=L0] button[data-fault={kind}]")
+            page.wait_for_selector(f"#action-msg:has-text('{kind} sent to L0')")
+            fault = wait_until(lambda k=kind, t=sent_at: _fault_of(system, k, "L0", t), 10, kind)
+            assert str(fault["by"]).startswith("dashboard@"), fault
+            if kind not in ("kill", "corrupt"):
+                assert fault["duration_s"] == 3.0, fault  # the duration input was used
+            done = wait_until(
+                lambda kind=kind, sent_at=sent_at: (
+                    (x := _fault_of(system, kind, "L0", sent_at)) is not None
+                    and x["status"] in ("effective", "done")
+                    and x["effects"]
+                    and x
+                ),
+                40,
+                f"the {kind} fault's observed effect",
             )
-            system.redis.kill()  # Redis down: SSE problem events, the pill says so
-            page.wait_for_selector("#conn.bad", timeout=30_000)
-            assert "redis" in page.inner_text("#conn").lower()
-            system.redis.start()
-            page.wait_for_selector("#conn.ok", timeout=60_000)  # and the page recovers
-        finally:
-            browser.close()
+            assert done["effects"], done
+            if kind == "kill":
+                assert system.procs["L0"].wait(timeout=20) == 137
+                system.start_learner("L0")
+                wait_until(  # back before Redis goes down (a learner still joining ignores
+                    lambda: (
+                        system.learners()["L0"]["state"] == "active"  # SIGTERM: see note)
+                        and system.learners()["L0"]["restarts"] >= 1
+                    ),
+                    120,
+                    "L0 restarted",
+                )
+        page.check("#chaos")
+        page.wait_for_selector("#action-msg:has-text('chaos started')")
+        page.wait_for_selector("#chaos-status:has-text('running')")
+        assert system.get("/api/chaos")["active"] is True
+        page.uncheck("#chaos")
+        page.wait_for_selector("#action-msg:has-text('chaos stopped')")
+        wait_until(lambda: system.get("/api/chaos")["active"] is False, 10, "chaos off")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('eval').data;"
+            " return d && d.length && d[0].y.length > 0; }",
+            timeout=60_000,
+        )
+        system.redis.kill()  # Redis down: SSE problem events, the pill says so
+        page.wait_for_selector("#conn.bad", timeout=30_000)
+        assert "redis" in page.inner_text("#conn").lower()
+        system.redis.start()
+        page.wait_for_selector("#conn.ok", timeout=60_000)  # and the page recovers
     assert not errors, errors

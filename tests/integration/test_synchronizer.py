@@ -154,15 +154,7 @@ def test_an_overflowing_contribution_is_dead_lettered_and_merging_goes_on(bus, r
     (letter,) = dead_letters(bus, 0)
     assert letter.fields["ddq.dlq.id"].decode() == bad
     assert letter.fields["ddq.dlq.reason"].decode().startswith("overflow: merged alone"), letter
-    good = np.full(size, 0.01, np.float32)
-    deadline = time.monotonic() + 20.0
-    while not any(r.decision == "merge" and r.contributors for r in records(bus, cfg, 0)):
-        assert time.monotonic() < deadline, "no merge after the refusal"
-        r2 = announced_round(sync, 0)
-        contribute(
-            bus, cfg, learner_id="L0", fragment_id=0, round_id=r2, base_version=0, delta=good
-        )
-        pump_until(sync, lambda r2=r2: not _open_at(sync, 0, r2), 10.0, "the round to close")
+    _merge_one(sync, bus, cfg, "L0", 0)
     msg, theta = latest_global(bus, cfg, 0)
     assert msg.version >= 1 and np.isfinite(theta).all()
     assert versions_published(bus, cfg, 0) == list(range(msg.version + 1))

@@ -18,10 +18,9 @@ from dd_queue.clock import FakeClock
 from dd_queue.config import DDQConfig
 from dd_queue.errors import ConfigError, NotReady
 from dd_queue.learner.join import Identity, refuse_if_live
-from dd_queue.messages import Heartbeat
 from dd_queue.startup import unmet, wait_for
 from dd_queue.synchronizer import Synchronizer
-from tests.synchronizer_support import make_config, tiny_source
+from tests.synchronizer_support import beat, make_config, tiny_source
 
 RUN = "t"
 
@@ -220,27 +219,6 @@ def test_wait_for_returns_true_at_once_when_met(
 
 
 # ── refuse_if_live ──────────────────────────────────────────────────────────────────────────
-
-
-def beat(bus: MemoryBus, cfg: DDQConfig, learner_id: str, *, host: str, pid: int) -> None:
-    """A learner heartbeat from ``host`` ``pid``, as a learner's pump writes it."""
-    hb = Heartbeat(
-        run_id=cfg.run.run_id,
-        config_digest=cfg.run_digest,
-        role="learner",
-        member_id=learner_id,
-        state="training",
-        step=3,
-        n_tokens=96,
-        step_time_ema_s=0.05,
-        versions={},
-        queue_depths={},
-        device="cpu",
-        host=host,
-        pid=pid,
-        sent_at_s=1.0,
-    )
-    bus.heartbeat(learner_id, hb.to_bytes(), ttl_s=cfg.membership.dead_after_s)
 
 
 class Alive:
