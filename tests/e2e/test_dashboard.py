@@ -137,9 +137,11 @@ def test_every_control_of_the_dashboard_works_in_a_browser(
             if kind == "kill":
                 assert system.procs["L0"].wait(timeout=20) == 137
                 system.start_learner("L0")
-                wait_until(  # back before Redis goes down (a learner still joining ignores
+                # back before Redis goes down: a learner still waiting for the global model
+                # does not react to SIGTERM yet (join's wait sleeps on the clock)
+                wait_until(
                     lambda: (
-                        system.learners()["L0"]["state"] == "active"  # SIGTERM: see note)
+                        system.learners()["L0"]["state"] == "active"
                         and system.learners()["L0"]["restarts"] >= 1
                     ),
                     120,
