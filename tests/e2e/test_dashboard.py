@@ -113,7 +113,7 @@ def test_every_control_of_the_dashboard_works_in_a_browser(
     errors: list[str] = []
     with dashboard_page(system, errors) as page:
         page.wait_for_selector("#conn.ok")
-        page.fill("#fault-duration", "3")
+        page.fill("#fault-duration", "6")
         for kind in FAULT_KINDS:
             wait_until(lambda: system.learners()["L0"]["state"] == "active", 60, "L0 active")
             sent_at = time.time() - 1.0
@@ -122,7 +122,7 @@ def test_every_control_of_the_dashboard_works_in_a_browser(
             fault = wait_until(lambda k=kind, t=sent_at: _fault_of(system, k, "L0", t), 10, kind)
             assert str(fault["by"]).startswith("dashboard@"), fault
             if kind not in ("kill", "corrupt"):
-                assert fault["duration_s"] == 3.0, fault  # the duration input was used
+                assert fault["duration_s"] == 6.0, fault  # the duration input was used
             done = wait_until(
                 lambda kind=kind, sent_at=sent_at: (
                     (x := _fault_of(system, kind, "L0", sent_at)) is not None
@@ -130,7 +130,7 @@ def test_every_control_of_the_dashboard_works_in_a_browser(
                     and x["effects"]
                     and x
                 ),
-                40,
+                75,
                 f"the {kind} fault's observed effect",
             )
             assert done["effects"], done
