@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dd_queue.bus import Bus
 from dd_queue.clock import Clock
@@ -27,6 +28,9 @@ from dd_queue.learner.pump import Pump
 from dd_queue.learner.receiver import Follower
 from dd_queue.messages import Heartbeat, MessageLimits, RoundOpen
 from dd_queue.synchronizer.state import FragmentState
+
+if TYPE_CHECKING:
+    from dd_queue.startup import Stop
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -164,11 +168,13 @@ def register_and_wait(
     clock: Clock,
     timeout_s: float,
     rounds: RoundBook,
-) -> list[Received]:
+    stop: Stop | None = None,
+) -> list[Received] | None:
     """The whole join of rank 0: refuse a live id, wait for the global model, check it.
 
     Returns:
-        The newest valid global of every fragment, by fragment id. The follower then reads
+        ``None`` when ``stop`` came during the wait (the id is freed again). Else the newest
+        valid global of every fragment, by fragment id. The follower then reads
         round openings and commands from now on (learner-paced: it first learns each
         fragment's latest round into ``rounds``).
     """
@@ -181,10 +187,14 @@ def register_and_wait(
             timeout_s=timeout_s,
             poll_s=pump.settings.heartbeat_interval_s,
             beat=lambda: pump.beat_if_due(force=True),
+            stop=stop,
         )
     except DDQError:
         pump.deregister()  # the id was ours (checked above): free it at once
         raise
+    if initial is None:
+        pump.deregister()
+        return None
     confirm_owner(bus, identity, limits=limits)
     states = check_run_state(bus, plan, config_digest=config_digest, limits=limits)
     follower.start_at_latest(follower.control)
@@ -225,8 +235,10 @@ def wait_for_globals(
     timeout_s: float,
     poll_s: float,
     beat: Callable[[], object],
-) -> list[Received]:
-    """Wait until every fragment has a valid global version; return the newest of each.
+    stop: Stop | None = None,
+) -> list[Received] | None:
+    """Wait until every fragment has a valid global version; return the newest of each, or
+    ``None`` when ``stop`` was set first (a learner told to stop while it waits).
 
     Args:
         follower: Stream positions; on return each ``down`` position is the loaded entry.
@@ -234,6 +246,8 @@ def wait_for_globals(
         timeout_s: Give up after this long.
         poll_s: Seconds between checks (heartbeats are sent at the same pace).
         beat: Sends a heartbeat (the learner shows up as ``joining`` while it waits).
+        stop: Ends the wait early; the polling sleeps wake on it (without one they are the
+            clock's).
 
     Raises:
         BusError: No complete global model after ``timeout_s``.
@@ -243,7 +257,7 @@ def wait_for_globals(
     loaded: dict[int, Received] = {}
     deadline = clock.now() + timeout_s
     next_note = clock.now()
-    while True:
+    while stop is None or not stop.is_set():
         beat()
         _load_missing(follower, loaded)
         if len(loaded) == n:
@@ -264,7 +278,12 @@ def wait_for_globals(
                 deadline - now,
             )
             next_note = now + 5.0
-        clock.sleep(poll_s)
+        if stop is None:
+            clock.sleep(poll_s)
+        else:
+            stop.wait(poll_s)
+    log.info("learner.join_stopped told to stop while waiting for the global model")
+    return None
 
 
 def _load_missing(follower: Follower, loaded: dict[int, Received]) -> None:

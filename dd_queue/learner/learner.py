@@ -27,7 +27,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from dd_queue.learner.params import FragmentParams
 from dd_queue.learner.pump import Pump, PumpReport
 from dd_queue.learner.wiring import build_pump, heartbeat
 from dd_queue.messages import Heartbeat
+
+if TYPE_CHECKING:
+    from dd_queue.startup import Stop
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -177,8 +180,11 @@ class Learner:
         return forward
 
     # ── joining and leaving ──────────────────────────────────────────────────────────────
-    def join(self, *, timeout_s: float | None = None) -> dict[int, int]:
-        """Register, wait for the global model, load every fragment; returns fragment → version.
+    def join(
+        self, *, timeout_s: float | None = None, stop: Stop | None = None
+    ) -> dict[int, int] | None:
+        """Register, wait for the global model, load every fragment; returns fragment → version,
+        or ``None`` when ``stop`` came while waiting (every rank then stops; nothing loaded).
 
         Rank 0 does the talking and broadcasts each fragment to the other ranks. A local
         checkpoint (optimizer state, data position, step count) is restored when there is one.
@@ -190,7 +196,7 @@ class Learner:
                 (default ``learner.join_timeout_s``).
         """
         self.state = "joining"
-        initial: list[Received] = []
+        initial: list[Received] | None = []
         if self.is_rank0:
             assert self.bus is not None  # checked in __init__
             self.bus_pump = build_pump(self, self.bus)
@@ -202,8 +208,12 @@ class Learner:
                 clock=self.clock,
                 timeout_s=self.cfg.learner.join_timeout_s if timeout_s is None else timeout_s,
                 rounds=self.rounds,
+                stop=stop,
             )
-        agreed = self.sync.agree(0, stop=False, queued=initial)  # versions to every rank
+        agreed = self.sync.agree(0, stop=initial is None, queued=initial or [])
+        if agreed.stop:  # told to stop while waiting: every rank leaves before loading
+            self.state = "left"
+            return None
         for p, version, values in agreed.applied:
             full = self.sync.broadcast_fragment(values, self.params.size(p))
             self._load(p, full, version, alpha=0.0)  # never mixed with the random init

@@ -203,7 +203,8 @@ def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
         learner = build_learner(
             cfg, learner_id, group=group, bus=bus, clock=SystemClock(), device=device
         )
-        learner.join()
+        if learner.join(stop=stop) is None:
+            return 0  # stopped while waiting for the global model
         with PumpThreads(learner, receive_block_ms=cfg.learner.receive_block_ms) as threads:
             code = train(learner, stop, threads)
         learner.leave()

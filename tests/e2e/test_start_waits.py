@@ -7,6 +7,7 @@ control plane's ``/readyz`` turns 503 while the synchronizer's heartbeat is stal
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,33 @@ def test_learner_waits_for_redis_then_for_the_run_then_trains(
     finally:
         services.close()
     assert services.exit_codes == {"L0": 0, "synchronizer": 0}
+
+
+def test_a_learner_waiting_for_the_global_model_stops_on_one_sigterm(
+    tmp_path: Path, late_redis: RedisProcess
+) -> None:
+    """One SIGTERM ends the wait for the run's first global model at once (the sleeps wake on
+    the stop), the learner exits 0 and frees its id, so a restart can take it."""
+    late_redis.start()
+    services = Services(tmp_path, late_redis.url)
+    services.start("learner")
+    services.wait_log("L0", r"learner\.waiting_for_globals 0/2 fragments published", 90)
+    proc = services.procs["L0"]
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=30)
+    took = time.monotonic() - started
+    services.close()
+    assert code == 0, services.logs()
+    assert took < 10.0, f"{took:.1f} s to stop after SIGTERM\n{services.logs()}"
+    assert "learner.join_stopped" in services.log("L0")
+    client = late_redis.client()
+    try:
+        keys = Keys("order")
+        assert client.hget(keys.heartbeat_data(), "L0") is None, "the id was not freed"
+        assert client.zscore(keys.heartbeat_expiry(), "L0") is None, "the id was not freed"
+    finally:
+        client.close()
 
 
 def test_evaluator_waits_for_redis_and_the_run_and_rides_out_a_redis_crash(
