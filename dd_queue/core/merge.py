@@ -60,6 +60,8 @@ from dd_queue.errors import CoreError
 
 CHUNK_ELEMENTS = 1 << 16  # 256 KiB of fp32: a piece, its scratch and ``out`` stay in L2
 MIN_DIRECTION_NORM = 1e-3
+_WIDE = 2.0**100  # fp32 factors stay within [2^-100, 2^100]: no overflow, no subnormals
+_TINY_SQ = 2.0**-100  # an fp32 dot below this may have lost its squares to underflow
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -207,10 +209,14 @@ def merge_weighted(
     spare the RDA merge its first pass over those vectors.
 
     Raises:
-        CoreError: Bad weights, wrong shape/dtype, overlapping ``out``, or non-finite values.
+        CoreError: Bad weights, wrong shape/dtype, overlapping ``out``, a
+            ``min_direction_norm`` that is not finite and > 0, non-finite values, or a merged
+            delta beyond float32.
     """
     ids = tuple(learner_ids) if learner_ids is not None else tuple(map(str, range(len(vectors))))
     w, dst = _validated(vectors, weights, ids, rule, out, fragment.size)
+    if not (math.isfinite(min_direction_norm) and min_direction_norm > 0):
+        raise CoreError(f"min_direction_norm must be finite and > 0, got {min_direction_norm!r}")
     known = _known_norms(sq_norms, ids, len(fragment.segments))
     total = float(w.sum())
     if total <= 0.0:
@@ -296,19 +302,65 @@ def _merge(
     coef = np.where(layout.rda, aa[:, None] * inv, mean_coef)
     target = aa @ norms  # r_s = Σ a_m ‖Δ_m,s‖
     live = aa @ (norms > 0)  # Σ a_m over contributions that are non-zero on s
-    sq = _accumulate(out, vs, coef, layout.pieces, layout.rda.size)  # ‖u_s‖² where RDA
+    # A coefficient a_m/‖Δ_m,s‖ outside float32's comfortable range (a norm below ~1e-30 or
+    # above ~1e30) would overflow or lose bits in the fp32 pass: such segments are merged in
+    # float64 instead (_rda_wide), which is exact over the whole float32 range.
+    wide = layout.rda & ((coef > _WIDE) | ((coef > 0) & (coef < 1.0 / _WIDE))).any(axis=0)
+    narrow = [piece for piece in layout.pieces if not wide[piece[2]]]
+    sq = _accumulate(out, vs, coef, narrow, layout.rda.size)  # ‖u_s‖² where RDA
     fallback: list[int] = []
     for s in np.flatnonzero(layout.rda & (target > 0)):
         pieces = layout.of_segment(int(s))
-        if math.sqrt(sq[s]) < min_dir * live[s]:
+        if wide[s]:
+            sq[s] = _rda_wide(out, vs, aa, norms[:, s], target[s], min_dir * live[s], pieces)
+            if math.isnan(sq[s]):  # the directions cancelled
+                fallback.append(int(s))
+                sq[s] = _accumulate(out, vs, mean_coef, pieces, layout.rda.size)[s]
+        elif math.sqrt(sq[s]) < min_dir * live[s]:
             fallback.append(int(s))
             sq[s] = _accumulate(out, vs, mean_coef, pieces, layout.rda.size)[s]
         else:
-            scale = np.float32(target[s] / math.sqrt(sq[s]))
-            for start, stop, _ in pieces:
-                np.multiply(out[start:stop], scale, out=out[start:stop])
-            sq[s] = target[s] ** 2
+            scale = target[s] / math.sqrt(sq[s])
+            if 1.0 / _WIDE <= scale <= _WIDE:
+                for start, stop, _ in pieces:
+                    np.multiply(out[start:stop], np.float32(scale), out=out[start:stop])
+            else:  # an fp32 factor would overflow or underflow: scale in float64
+                for start, stop, _ in pieces:
+                    out[start:stop] = out[start:stop].astype(np.float64) * scale
+            # ‖out_s‖ = r_s, unless r_s is near float32's limit: then measure what was stored
+            sq[s] = target[s] ** 2 if target[s] < _WIDE else _sq_pieces(out, pieces)
     return fallback, float(sq.sum())
+
+
+def _rda_wide(
+    out: F32,
+    vs: Sequence[Delta],
+    aa: F64,
+    norms: F64,
+    target: float,
+    min_norm: float,
+    pieces: Sequence[tuple[int, int, int]],
+) -> float:
+    """RDA of one segment in float64: ``out[segment] = r · φ(Σ a_m Δ_m/‖Δ_m‖)``; returns
+    ‖out_s‖² (inf if the result does not fit float32), or NaN when ‖u‖ < ``min_norm``
+    (the caller falls back to the weighted mean). The rare path of tiny or huge norms."""
+    lo, hi = pieces[0][0], pieces[-1][1]
+    u = np.zeros(hi - lo, dtype=np.float64)
+    scratch = np.empty(CHUNK_ELEMENTS, dtype=np.float32)
+    for m, v in enumerate(vs):
+        if norms[m] > 0:
+            for start, stop, _ in pieces:
+                x = values(v, start, stop, scratch[: stop - start]).astype(np.float64)
+                u[start - lo : stop - lo] += x / norms[m] * aa[m]
+    u_norm = float(np.linalg.norm(u))
+    if u_norm < min_norm:
+        return math.nan
+    out[lo:hi] = u * (target / u_norm)
+    return _sq_pieces(out, pieces)
+
+
+def _sq_pieces(x: F32, pieces: Iterable[tuple[int, int, int]]) -> float:
+    return sum(_sq(x[start:stop]) for start, stop, _ in pieces)
 
 
 def _accumulate(
@@ -378,9 +430,11 @@ def _sq_norms(v: Delta, pieces: Iterable[tuple[int, int, int]], n_seg: int) -> F
 
 
 def _sq(x: F32) -> float:
-    """‖x‖² of one piece: an fp32 dot (≤ CHUNK_ELEMENTS terms), redone in fp64 on overflow."""
+    """‖x‖² of one piece: an fp32 dot (≤ CHUNK_ELEMENTS terms), redone in fp64 out of range."""
     d = float(np.dot(x, x))
-    if not math.isfinite(d):  # fp32 squares overflow above ~1.8e19, or a real NaN/Inf
+    # fp32 squares overflow above ~1.8e19 (or there is a real NaN/Inf), and underflow below
+    # ~1e-19: an update of tiny values must not read as zero. Both are redone in float64.
+    if not _TINY_SQ <= d < math.inf:
         x64 = x.astype(np.float64)
         d = float(np.dot(x64, x64))
     return d
