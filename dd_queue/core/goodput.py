@@ -146,17 +146,21 @@ def summarize_arrays(
 
     Raises:
         CoreError: On mismatched lengths, non-finite times, ``end < start``, unknown kinds,
-            chips < 1, overlapping intervals of one group, an empty ledger without a window,
-            or a window that ends before it begins.
+            codes or chips that are not integers, chips < 1, chip-seconds beyond float64,
+            overlapping intervals of one group, an empty ledger without a window, or a window
+            that ends before it begins.
     """
     g, k, s, e, c = _validated(group, kind, start_s, end_s, chips)
     _check_no_overlap(g, s, e, group_names)
     begin, finish = _window(s, e, window_s)
     s, e = np.clip(s, begin, finish), np.clip(e, begin, finish)
-    chip_s = c * (e - s)
+    with np.errstate(over="ignore", invalid="ignore"):  # refused just below, in words
+        chip_s = c * (e - s)
+        wall = finish - begin
+    if not (np.isfinite(chip_s).all() and np.isfinite(wall)):
+        raise CoreError("chip-seconds overflow float64: the times or chip counts are too large")
     by_kind = [float(chip_s[k == code].sum()) for code in range(len(INTERVAL_KINDS))]
     allocated = float(sum(by_kind))
-    wall = finish - begin
     training = k == 0
     union = union_length_s(s[training], e[training])
     return GoodputSummary(
@@ -199,7 +203,7 @@ def summarize(
         kind=np.array([codes[iv.kind] for iv in items], dtype=np.int64),
         start_s=np.array([iv.start_s for iv in items], dtype=np.float64),
         end_s=np.array([iv.end_s for iv in items], dtype=np.float64),
-        chips=np.array([iv.chips for iv in items], dtype=np.int64),
+        chips=np.array([iv.chips for iv in items]),  # refused unless integers
         window_s=window_s,
         group_names=names,
     )
@@ -208,8 +212,8 @@ def summarize(
 def _validated(
     group: _Ints, kind: _Ints, start_s: _Floats, end_s: _Floats, chips: _Ints
 ) -> tuple[_Ints, _Ints, _Floats, _Floats, _Floats]:
-    g = np.asarray(group, dtype=np.int64)
-    k = np.asarray(kind, dtype=np.int64)
+    g = _integers("group", group)
+    k = _integers("kind", kind)
     s = np.asarray(start_s, dtype=np.float64)
     e = np.asarray(end_s, dtype=np.float64)
     c = np.asarray(chips)
@@ -226,6 +230,14 @@ def _validated(
     if c.size and (not np.issubdtype(c.dtype, np.integer) or (c < 1).any()):
         raise CoreError("chips must be integers ≥ 1")
     return g, k, s, e, c.astype(np.float64)
+
+
+def _integers(name: str, values: _Ints) -> _Ints:
+    """``values`` as int64; fractional or boolean codes are refused, never truncated."""
+    a = np.asarray(values)
+    if a.size and not (np.issubdtype(a.dtype, np.integer) and a.dtype != np.bool_):
+        raise CoreError(f"{name} codes must be integers, not {a.dtype}")
+    return a.astype(np.int64)
 
 
 def _check_no_overlap(

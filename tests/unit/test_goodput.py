@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -159,3 +160,171 @@ def test_union_is_fast_enough_for_a_simulator() -> None:
     start = rng.uniform(0, 1e6, 200_000)
     end = start + rng.exponential(5.0, start.size)
     assert 0 < union_length_s(start, end) <= end.max() - start.min()
+
+
+# ----------------------------------------------------------------------------- edges
+
+
+def arrays(
+    group: list[int],
+    kind: list[int],
+    start: list[float],
+    end: list[float],
+    chips: list[int] | None = None,
+) -> dict[str, Any]:
+    return {
+        "group": np.array(group, np.int64),
+        "kind": np.array(kind, np.int64),
+        "start_s": np.array(start, np.float64),
+        "end_s": np.array(end, np.float64),
+        "chips": np.array(chips if chips is not None else [1] * len(group), np.int64),
+    }
+
+
+@pytest.mark.parametrize(
+    ("ledger", "message"),
+    [
+        (
+            {**arrays([0], [0], [0], [1]), "group": np.zeros((1, 1), np.int64)},
+            "group, kind, start_s, end_s and chips must be 1-D and of equal length",
+        ),
+        (arrays([0], [0], [float("nan")], [1]), "interval times must be finite"),
+        (arrays([0], [0], [0], [1], chips=[0]), "chips must be integers ≥ 1"),
+        (
+            arrays([0], [4], [0], [1]),
+            "kind codes must index INTERVAL_KINDS ('training', 'waiting', 'down', 'restarting')",
+        ),
+        (
+            arrays([0], [-1], [0], [1]),
+            "kind codes must index INTERVAL_KINDS ('training', 'waiting', 'down', 'restarting')",
+        ),
+        (arrays([], [], [], []), "empty ledger: pass window_s to summarise no intervals"),
+        (
+            arrays([0, 1, 1], [0, 0, 2], [0, 0, 4], [1, 5, 6]),
+            "group 1: intervals [0, 5] and [4, 6] overlap; a group is in one state at a time",
+        ),
+        (
+            arrays([0, 0, 0], [0, 1, 2], [0, 1, 4], [1, 5, 6]),
+            "group 0: intervals [1, 5] and [4, 6] overlap; a group is in one state at a time",
+        ),
+    ],
+    ids=[
+        "2-d",
+        "nan",
+        "no-chips",
+        "kind-past-the-end",
+        "negative-kind",
+        "empty",
+        "overlap-in-a-later-group",
+        "overlap-after-a-touching-pair",
+    ],
+)
+def test_array_ledger_errors_say_what_is_wrong(ledger: dict[str, Any], message: str) -> None:
+    with pytest.raises(CoreError) as err:
+        summarize_arrays(**ledger)
+    assert str(err.value) == message
+
+
+def test_overlap_message_uses_the_group_name() -> None:
+    ledger = [iv("L0", "training", 0, 1), iv("L1", "training", 0, 5), iv("L1", "down", 4, 6)]
+    with pytest.raises(CoreError) as err:
+        summarize(ledger)
+    assert str(err.value) == (
+        "L1: intervals [0, 5] and [4, 6] overlap; a group is in one state at a time"
+    )
+
+
+def test_zero_length_interval_inside_another_of_its_group_is_no_overlap() -> None:
+    s = summarize([iv("L0", "training", 0, 5), iv("L0", "down", 2, 2)])
+    assert (s.training_chip_s, s.down_chip_s, s.goodput) == (5.0, 0.0, 1.0)
+
+
+def test_intervals_wholly_outside_the_window_count_nothing() -> None:
+    ledger = [
+        iv("L0", "waiting", -10, -5),
+        iv("L0", "training", 0, 5),
+        iv("L0", "down", 20, 30),
+    ]
+    s = summarize(ledger, window_s=(0.0, 10.0))
+    assert (s.waiting_chip_s, s.training_chip_s, s.down_chip_s) == (0.0, 5.0, 0.0)
+    assert (s.allocated_chip_s, s.goodput, s.uptime) == (5.0, 1.0, 0.5)
+
+
+def test_a_window_of_zero_length_is_accepted() -> None:
+    s = summarize([iv("L0", "training", 0, 5)], window_s=(2.0, 2.0))
+    assert (s.wall_s, s.allocated_chip_s, s.goodput, s.uptime) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_goodput_of_a_ledger_shorter_than_one_chip_second() -> None:
+    s = summarize([iv("L0", "training", 0, 0.25), iv("L0", "down", 0.25, 0.5)])
+    assert (s.allocated_chip_s, s.goodput, s.uptime) == (0.5, 0.5, 0.5)
+
+
+def test_uptime_is_exactly_one_when_training_covers_the_window_despite_rounding() -> None:
+    s = summarize([iv("L0", "training", 0, 0.3), iv("L0", "training", 0.3, 0.9)])
+    assert s.training_union_s > s.wall_s == 0.9  # 0.3 + (0.9 - 0.3) rounds up
+    assert s.uptime == 1.0
+
+
+@pytest.mark.parametrize(
+    ("start_s", "end_s", "chips"),
+    [(-1e308, 1e308, 1), (0.0, 1e308, 10), (0.0, 1.7e308, 2)],
+)
+def test_chip_seconds_beyond_float64_are_refused_not_reported_as_full_goodput(
+    start_s: float, end_s: float, chips: int
+) -> None:
+    """Finite times whose chip-seconds overflow would give ``min(1, nan) == 1``: refused."""
+    with pytest.raises(CoreError, match=r"chip-seconds overflow float64"):
+        summarize(
+            [
+                ChipInterval(
+                    group_id="L0", kind="training", start_s=start_s, end_s=end_s, chips=chips
+                )
+            ]
+        )
+
+
+@pytest.mark.parametrize("codes", [[0.5], [-0.5], [True], [0.0]])
+@pytest.mark.parametrize("field", ["group", "kind"])
+def test_fractional_or_boolean_codes_are_refused_not_truncated(
+    field: str, codes: list[float]
+) -> None:
+    arrays = {
+        "group": np.zeros(1, np.int64),
+        "kind": np.zeros(1, np.int64),
+        "start_s": np.zeros(1),
+        "end_s": np.ones(1),
+        "chips": np.ones(1, np.int64),
+    }
+    arrays[field] = np.array(codes)
+    with pytest.raises(CoreError, match=rf"{field} codes must be integers, not "):
+        summarize_arrays(**arrays)
+
+
+@pytest.mark.parametrize("chips", [2.5, 2.0, 0.5, True])
+def test_a_chip_interval_with_a_fractional_chip_count_is_refused(chips: float) -> None:
+    with pytest.raises(CoreError, match=r"chips must be integers ≥ 1"):
+        summarize(
+            [ChipInterval(group_id="L0", kind="training", start_s=0.0, end_s=1.0, chips=chips)]
+        )  # type: ignore[arg-type]
+
+
+def test_float32_times_are_clipped_and_summed_in_float64() -> None:
+    """A simulator may store times in float32; the window bounds are not rounded to float32."""
+    s = summarize_arrays(
+        group=np.zeros(1, np.int64),
+        kind=np.zeros(1, np.int64),
+        start_s=np.array([0.0], np.float32),
+        end_s=np.array([1.0], np.float32),
+        chips=np.ones(1, np.int64),
+        window_s=(0.1, 0.7),
+    )
+    assert s.training_chip_s == s.training_union_s == 0.7 - 0.1
+    whole = summarize_arrays(
+        group=np.zeros(1, np.int64),
+        kind=np.zeros(1, np.int64),
+        start_s=np.array([1.0], np.float32),
+        end_s=np.array([1e8], np.float32),
+        chips=np.ones(1, np.int64),
+    )
+    assert whole.training_chip_s == 99_999_999.0  # float32 arithmetic would round to 1e8

@@ -6,6 +6,7 @@ exits are described by signal name; a policy that cannot work is refused."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import assume, given
@@ -56,6 +57,17 @@ def test_give_up_codes_are_never_restarted(
     assert not decision.restart and decision.delay_s == 0.0
     assert decision.attempt == before + 1
     assert "not restarting" in decision.reason and f"code {code}" in decision.reason
+
+
+def test_a_give_up_exit_says_not_restarting_and_why() -> None:
+    decision = decide_restart(RestartPolicy(), exit_code=2, ran_s=1.5, attempt_before=3)
+    assert decision == RestartDecision(
+        False,
+        0.0,
+        4,
+        "exited with code 2 after 1.5 s: code 2 means a misconfiguration that a restart would "
+        "repeat; not restarting (fix what its log says)",
+    )
 
 
 def test_default_policy_gives_up_on_2_and_restarts_3_and_137() -> None:
@@ -113,6 +125,13 @@ def test_delay_doubles_with_quick_failures_until_the_cap(
     for earlier, later in itertools.pairwise(delays):
         assert later == min(policy.max_backoff_s, 2 * earlier)
     assert delays == sorted(delays)
+
+
+@pytest.mark.parametrize("before", [60, 61, 10**6])
+def test_doubling_stops_after_60_so_an_uncapped_backoff_stays_finite(before: int) -> None:
+    policy = RestartPolicy(backoff_s=1.0, max_backoff_s=math.inf)
+    decision = decide_restart(policy, exit_code=3, ran_s=0.0, attempt_before=before)
+    assert (decision.attempt, decision.delay_s) == (before + 1, 2.0**60)
 
 
 def test_backoff_sequence_of_the_defaults() -> None:
@@ -185,6 +204,7 @@ def test_negative_codes_name_the_signal(code: int, words: str) -> None:
 
 def test_shell_style_signal_codes_name_the_signal() -> None:
     assert describe_exit(137) == "exited with code 137 (as if killed by SIGKILL)"
+    assert describe_exit(129) == "exited with code 129 (as if killed by SIGHUP)"
     assert "SIGTERM" in describe_exit(143)
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(0) == "exited with code 0"
@@ -227,8 +247,9 @@ def test_invalid_policies_are_refused(kwargs: dict[str, object]) -> None:
 
 
 def test_zero_give_up_code_message_says_why() -> None:
-    with pytest.raises(CoreError, match="0 means done"):
+    with pytest.raises(CoreError) as err:
         RestartPolicy(give_up_codes=frozenset({0}))
+    assert str(err.value) == "exit code 0 means done; it cannot be a give-up code"
 
 
 def test_edge_policies_are_accepted() -> None:

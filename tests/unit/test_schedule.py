@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -43,19 +44,25 @@ def test_first_round_opens_at_once() -> None:
         n_fragments=4,
     )
     assert (opening.open_now, opening.round_id, opening.fragment_id) == (True, 0, 0)
+    assert (opening.due_at_s, opening.interval_s) == (5.0, 1.0)
     assert opening.reason == "first round: opening round 0 (fragment 0)"
 
 
+PACE = "one round per 1 s (ξ_step 1 s × H/P = 4/4)"
+
+
 @pytest.mark.parametrize(
-    ("now", "open_now", "words"),
+    ("now", "open_now", "reason"),
     [
-        (10.4, False, "round 6 (fragment 2) due in 0.6 s: one round per 1 s"),
-        (11.0, True, "round 6 (fragment 2) due: one round per 1 s (ξ_step 1 s × H/P = 4/4)"),
-        (14.0, True, "3 s behind pace"),
+        (10.4, False, f"round 6 (fragment 2) due in 0.6 s: {PACE}"),
+        (11.0, True, f"round 6 (fragment 2) due: {PACE}"),
+        (11.5, True, f"round 6 (fragment 2) due: {PACE}"),
+        (12.0, True, f"round 6 (fragment 2) due: {PACE}, 1 s behind pace"),
+        (14.0, True, f"round 6 (fragment 2) due: {PACE}, 3 s behind pace"),
     ],
-    ids=["early", "on-time", "behind"],
+    ids=["early", "on-time", "late-by-less-than-an-interval", "one-interval-behind", "behind"],
 )
-def test_next_round_paces_and_explains(now: float, open_now: bool, words: str) -> None:
+def test_next_round_paces_and_explains(now: float, open_now: bool, reason: str) -> None:
     opening = next_round(
         now,
         last_opened_at_s=10.0,
@@ -66,19 +73,23 @@ def test_next_round_paces_and_explains(now: float, open_now: bool, words: str) -
     )
     assert opening.open_now is open_now
     assert (opening.round_id, opening.fragment_id, opening.due_at_s) == (6, 2, 11.0)
-    assert words in opening.reason
+    assert opening.reason == reason
 
 
-def test_next_round_needs_both_or_neither_previous_fields() -> None:
-    with pytest.raises(CoreError, match="both"):
+@pytest.mark.parametrize(("opened_at", "round_id"), [(1.0, None), (None, 3)])
+def test_next_round_needs_both_or_neither_previous_fields(
+    opened_at: float | None, round_id: int | None
+) -> None:
+    with pytest.raises(CoreError) as err:
         next_round(
             0.0,
-            last_opened_at_s=1.0,
-            last_round_id=None,
+            last_opened_at_s=opened_at,
+            last_round_id=round_id,
             step_time_s=1.0,
             sync_every_steps=1,
             n_fragments=1,
         )
+    assert str(err.value) == "last_opened_at_s and last_round_id must both be None or both be set"
 
 
 @pytest.mark.parametrize(
@@ -134,3 +145,73 @@ def test_learner_paced_sends_each_fragment_once_per_h_steps(p: int, h: int, wind
     assert sent == Counter(range(p))
     per_step = Counter(offsets).most_common(1)[0][1]
     assert per_step == -(-p // h), "fragments per step stay balanced (ceil(P/H) at most)"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: fragment_for_round(0, 0), "n_fragments must be an integer ≥ 1, got 0"),
+        (lambda: fragment_for_round(0, True), "n_fragments must be an integer ≥ 1, got True"),
+        (
+            lambda: fragment_for_round(0, 2.0),  # type: ignore[arg-type]
+            "n_fragments must be an integer ≥ 1, got 2.0",
+        ),
+        (lambda: fragment_for_round(-1, 2), "round_id must be an integer ≥ 0, got -1"),
+        (
+            lambda: fragment_for_round(1.5, 2),  # type: ignore[arg-type]
+            "round_id must be an integer ≥ 0, got 1.5",
+        ),
+        (lambda: fragment_for_round(True, 2), "round_id must be an integer ≥ 0, got True"),
+        (lambda: fragment_round_index(0, 0), "n_fragments must be an integer ≥ 1, got 0"),
+        (
+            lambda: round_interval_s(0.0, sync_every_steps=1, n_fragments=1),
+            "step_time_s must be a finite number of seconds > 0, got 0.0",
+        ),
+        (
+            lambda: round_interval_s(float("inf"), sync_every_steps=1, n_fragments=1),
+            "step_time_s must be a finite number of seconds > 0, got inf",
+        ),
+        (
+            lambda: round_interval_s(1.0, sync_every_steps=0, n_fragments=1),
+            "sync_every_steps must be an integer ≥ 1, got 0",
+        ),
+        (
+            lambda: round_interval_s(1.0, sync_every_steps=1, n_fragments=0),
+            "n_fragments must be an integer ≥ 1, got 0",
+        ),
+        (lambda: fragment_offsets(0, 4), "n_fragments must be an integer ≥ 1, got 0"),
+        (lambda: fragment_offsets(4, 0), "sync_every_steps must be an integer ≥ 1, got 0"),
+        (lambda: due_fragments(1, (0,), 0), "sync_every_steps must be an integer ≥ 1, got 0"),
+        (lambda: due_fragments(-1, (0,), 4), "step must be an integer ≥ 0, got -1"),
+        (
+            lambda: due_fragments(1.5, (0,), 4),  # type: ignore[arg-type]
+            "step must be an integer ≥ 0, got 1.5",
+        ),
+        (lambda: due_fragments(True, (0,), 4), "step must be an integer ≥ 0, got True"),
+        (lambda: due_fragments(1, (0, 4, -1), 4), "offsets must lie in [0, H=4); got [4, -1]"),
+    ],
+    ids=[
+        "zero-p",
+        "bool-p",
+        "float-p",
+        "negative-round",
+        "float-round",
+        "bool-round",
+        "index-zero-p",
+        "zero-step-time",
+        "infinite-step-time",
+        "zero-h",
+        "interval-zero-p",
+        "offsets-zero-p",
+        "offsets-zero-h",
+        "due-zero-h",
+        "negative-step",
+        "float-step",
+        "bool-step",
+        "offsets-out-of-range",
+    ],
+)
+def test_errors_name_the_argument_and_its_value(call: Callable[[], object], message: str) -> None:
+    with pytest.raises(CoreError) as err:
+        call()
+    assert str(err.value) == message
