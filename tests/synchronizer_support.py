@@ -22,10 +22,10 @@ from dd_queue.core.anchor import VersionRing, anchor_contributions
 from dd_queue.core.codec import CodecSpec, EncodedTensor, encode
 from dd_queue.core.merge import ContributionData, merge_fragment
 from dd_queue.core.outer import NesterovState, nesterov_step
+from dd_queue.fragment_state import fragment_of
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, GlobalFragment, Heartbeat, RoundOpen, RoundRecord
 from dd_queue.synchronizer import ArraySource, FragmentState, plan_of
-from dd_queue.synchronizer.state import fragment_of
 
 SHAPES = {
     "embed.weight": (16, 8),

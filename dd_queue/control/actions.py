@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
-from dd_queue.bus import ops
+from dd_queue.bus import Bus, ops
+from dd_queue.clock import Clock
+from dd_queue.config import DDQConfig
 from dd_queue.control.chaos import ChaosRun, plan_schedule
-from dd_queue.control.faultbook import FaultRecord, injected_fields
-from dd_queue.control.observe import Watch
+from dd_queue.control.faultbook import FaultBook, FaultRecord, injected_fields
+from dd_queue.control.members import Members
+from dd_queue.control.observe import Target, Watch
 from dd_queue.control.requests import RANDOM, SYNCHRONIZER, ChaosStart, FaultRequest
 from dd_queue.errors import DDQError
-from dd_queue.messages import Event, FaultCommand, Scalar
+from dd_queue.messages import Event, FaultCommand, RoundRecord, Scalar
 
-if TYPE_CHECKING:
-    from dd_queue.control.plane import ControlPlane
-
-__all__ = ["Actions", "Conflict", "NotFound", "Refused"]
+__all__ = ["Actions", "Conflict", "NotFound", "Refused", "Surroundings"]
 
 log = logging.getLogger("dd_queue.control")
 
@@ -46,10 +48,30 @@ class Conflict(Refused):
     """The request does not fit the run's state (target not live, chaos already running)."""
 
 
+class Surroundings(Protocol):
+    """What the actions read and write of the control plane that owns them, and nothing else
+    (``ControlPlane`` is one)."""
+
+    cfg: DDQConfig
+    bus: Bus
+    clock: Clock
+    wall: Callable[[], float]
+    rng: random.Random
+    members: Members
+    book: FaultBook
+    watches: dict[str, Watch]
+
+    def emit(self, kind: str, message: str, /, **fields: Scalar) -> str: ...
+
+    def poll_log(self) -> list[RoundRecord]: ...
+
+    def target_now(self, target_id: str) -> Target: ...
+
+
 class Actions:
     """Fault injection and chaos for one control plane (called under its lock)."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: Surroundings) -> None:
         self.plane = plane
         self.chaos: ChaosRun | None = None
         self.stored: OrderedDict[str, ChaosRun] = OrderedDict()

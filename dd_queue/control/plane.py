@@ -27,8 +27,8 @@ from dd_queue.control.observe import Target, Watch
 from dd_queue.control.tails import RunLog, Tally
 from dd_queue.core.goodput import GoodputSummary
 from dd_queue.errors import DDQError
+from dd_queue.fragment_state import FragmentState
 from dd_queue.messages import Event, RoundRecord, Scalar
-from dd_queue.synchronizer.state import FragmentState
 
 __all__ = ["ControlPlane"]
 

@@ -31,8 +31,8 @@ from dd_queue.control.schemas import (
 )
 from dd_queue.control.tails import Tally
 from dd_queue.core.policy import Ema, grace_window
+from dd_queue.fragment_state import fragment_of
 from dd_queue.messages import RoundRecord
-from dd_queue.synchronizer.state import fragment_of
 
 __all__ = ["chaos_view", "fault_view", "learner_view", "round_view", "state_view"]
 

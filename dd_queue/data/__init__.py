@@ -2,36 +2,66 @@
 
 Nothing is downloaded at run time. The default corpus is the byte-level text of the running
 Python's standard library. See ``loader.py`` for the entry points and ``shards.py`` for how
-examples are split, dealt to learners and ordered.
+examples are split, dealt to learners and ordered. The settings (``spec.py``) and the shards
+import at once; the loaders, which need torch, on first use (``dd_queue._lazy``).
 """
 
-from dd_queue.data.batch import Batch
-from dd_queue.data.loader import (
-    TEXT_SOURCES,
-    Dataset,
-    DataSpec,
-    ShardLoader,
-    Source,
-    build_dataset,
-    build_loader,
-    load_corpus,
-)
+from typing import TYPE_CHECKING
+
+from dd_queue._lazy import lazy_exports
 from dd_queue.data.shards import ShardCursor, ShardSpec, hash_permutation, holdout_split
-from dd_queue.data.text import (
-    TextDataset,
-    TokenCorpus,
-    glob_text_files,
-    list_text_files,
-    load_text_files,
-    load_token_bin,
-    stdlib_root,
-)
-from dd_queue.data.vision import (
-    ImageDataset,
-    ImageSet,
-    image_set_from_arrays,
-    load_digits,
-    load_npz,
+from dd_queue.data.spec import TEXT_SOURCES, DataSpec, Source
+
+if TYPE_CHECKING:
+    from dd_queue.data.batch import Batch
+    from dd_queue.data.loader import (
+        Dataset,
+        ShardLoader,
+        build_dataset,
+        build_loader,
+        load_corpus,
+    )
+    from dd_queue.data.text import (
+        TextDataset,
+        TokenCorpus,
+        glob_text_files,
+        list_text_files,
+        load_text_files,
+        load_token_bin,
+        stdlib_root,
+    )
+    from dd_queue.data.vision import (
+        ImageDataset,
+        ImageSet,
+        image_set_from_arrays,
+        load_digits,
+        load_npz,
+    )
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Batch": "batch",
+        **dict.fromkeys(
+            ("Dataset", "ShardLoader", "build_dataset", "build_loader", "load_corpus"), "loader"
+        ),
+        **dict.fromkeys(
+            (
+                "TextDataset",
+                "TokenCorpus",
+                "glob_text_files",
+                "list_text_files",
+                "load_text_files",
+                "load_token_bin",
+                "stdlib_root",
+            ),
+            "text",
+        ),
+        **dict.fromkeys(
+            ("ImageDataset", "ImageSet", "image_set_from_arrays", "load_digits", "load_npz"),
+            "vision",
+        ),
+    },
 )
 
 __all__ = [

@@ -14,18 +14,16 @@ in ``text.py`` and ``vision.py``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from dd_queue.data.batch import Batch
 from dd_queue.data.shards import ShardCursor, ShardSpec, holdout_split
+from dd_queue.data.spec import TEXT_SOURCES, DataSpec
 from dd_queue.data.text import (
-    TEXT_SUFFIXES,
-    MiB,
     TextDataset,
     TokenCorpus,
     glob_text_files,
@@ -36,9 +34,6 @@ from dd_queue.data.text import (
 )
 from dd_queue.data.vision import ImageDataset, load_digits, load_npz
 from dd_queue.errors import ConfigError
-
-Source = Literal["stdlib-text", "text-files", "token-bin", "digits", "npz"]
-TEXT_SOURCES: tuple[Source, ...] = ("stdlib-text", "text-files", "token-bin")
 
 
 class Dataset(Protocol):
@@ -51,37 +46,6 @@ class Dataset(Protocol):
     def fingerprint(self) -> str: ...
 
     def gather(self, ids: npt.NDArray[np.int64]) -> Batch: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DataSpec:
-    """Where a learner's examples come from and how they are batched.
-
-    Attributes:
-        source: ``stdlib-text`` (default; bytes of the running Python's standard library),
-            ``text-files`` (bytes of a directory or glob), ``token-bin`` (uint16 memmap),
-            ``digits`` (scikit-learn's 8×8 digits) or ``npz`` (``images``/``labels`` arrays).
-        path: Directory or glob (``text-files``), ``.bin`` file (``token-bin``) or ``.npz``.
-        max_bytes: Cap of the byte-level text corpora, in bytes.
-        suffixes: File endings read from a directory (``stdlib-text``, ``text-files``).
-        vocab_size: Declared id bound of a ``token-bin`` file.
-        batch_size: Examples (sequences or images) per batch.
-        eval_fraction: Share of examples held out for evaluation, in [0, 1).
-    """
-
-    source: Source = "stdlib-text"
-    path: str | None = None
-    max_bytes: int = 16 * MiB
-    suffixes: tuple[str, ...] = TEXT_SUFFIXES
-    vocab_size: int = 1 << 16
-    batch_size: int = 8
-    eval_fraction: float = 0.05
-
-    def __post_init__(self) -> None:
-        if self.source in ("text-files", "token-bin", "npz") and not self.path:
-            raise ConfigError(f"data source {self.source!r} needs data.path")
-        if self.batch_size < 1 or self.max_bytes < 1:
-            raise ConfigError("data.batch_size and data.max_bytes must be >= 1")
 
 
 def load_corpus(spec: DataSpec) -> TokenCorpus:

@@ -34,10 +34,9 @@ import numpy.typing as npt
 import torch
 
 from dd_queue.data.batch import Batch
+from dd_queue.data.spec import TEXT_SUFFIXES, MiB
 from dd_queue.errors import ConfigError
 
-MiB = 1 << 20
-TEXT_SUFFIXES: tuple[str, ...] = (".py", ".rst", ".txt")
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 _SAMPLE_BYTES = MiB  # bytes of each end of a .bin file that its fingerprint reads
 

@@ -23,11 +23,11 @@ from dd_queue.bus import Bus
 from dd_queue.clock import Clock
 from dd_queue.core.fragments import FragmentPlan
 from dd_queue.errors import BusError, ConfigError, DDQError, ProtocolError
+from dd_queue.fragment_state import FragmentState
 from dd_queue.learner.exchange import Received, RoundBook
 from dd_queue.learner.pump import Pump
 from dd_queue.learner.receiver import Follower
 from dd_queue.messages import Heartbeat, MessageLimits, RoundOpen
-from dd_queue.synchronizer.state import FragmentState
 
 if TYPE_CHECKING:
     from dd_queue.startup import Stop

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,7 +50,7 @@ from dd_queue.learner.exchange import Float32Array, Inbox, Outbox, Received, Rou
 from dd_queue.learner.inner import InnerLoop, autocast_dtype, compile_model, count_tokens
 from dd_queue.learner.params import FragmentParams
 from dd_queue.learner.pump import Pump, PumpReport
-from dd_queue.learner.wiring import build_pump, heartbeat
+from dd_queue.learner.wiring import build_pump
 from dd_queue.messages import Heartbeat
 
 if TYPE_CHECKING:
@@ -199,7 +200,17 @@ class Learner:
         initial: list[Received] | None = []
         if self.is_rank0:
             assert self.bus is not None  # checked in __init__
-            self.bus_pump = build_pump(self, self.bus)
+            self.bus_pump = build_pump(
+                self.cfg,
+                self.bus,
+                plan=self.plan,
+                learner_id=self.learner_id,
+                config_digest=self.config_digest,
+                queues=(self.outbox, self.inbox, self.rounds),
+                injector=self.injector,
+                clock=self.clock,
+                status=self.heartbeat,
+            )
             initial = joining.register_and_wait(
                 self.bus_pump,
                 identity=self.identity,
@@ -402,8 +413,25 @@ class Learner:
         return self.inbox.held()
 
     def heartbeat(self) -> Heartbeat:
-        """This learner's heartbeat message now (rank 0)."""
-        return heartbeat(self)
+        """This learner's heartbeat now (rank 0): progress, versions held, queue depths, where
+        it runs."""
+        assert self.bus is not None  # heartbeats are rank 0's, which has the bus
+        return Heartbeat(
+            run_id=self.bus.keys.run_id,
+            config_digest=self.config_digest,
+            role="learner",
+            member_id=self.learner_id,
+            state=self.state,
+            step=self.step_count,
+            n_tokens=self.n_tokens,
+            step_time_ema_s=self.step_time_ema_s,
+            versions=self.versions,
+            queue_depths={"publish": self.outbox.depth(), "receive": self.inbox.depth()},
+            device=str(self.params.device),
+            host=self.identity.host,
+            pid=self.identity.pid,
+            sent_at_s=time.time(),
+        )
 
 
 __all__ = ["Learner", "StepReport"]

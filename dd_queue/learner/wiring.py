@@ -1,34 +1,54 @@
-"""How a learner's bus side is put together from its config, and what its heartbeat says."""
+"""How a learner's bus side is put together from its config: the pump of rank 0."""
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from dd_queue.bus import Bus
+from dd_queue.clock import Clock
+from dd_queue.config import DDQConfig
+from dd_queue.core.fragments import FragmentPlan
+from dd_queue.faults import FaultInjector
 from dd_queue.learner import publisher
+from dd_queue.learner.exchange import Inbox, Outbox, RoundBook
 from dd_queue.learner.pump import Pump, PumpSettings
 from dd_queue.learner.receiver import Follower
 from dd_queue.messages import Heartbeat
 
-if TYPE_CHECKING:
-    from dd_queue.learner.learner import Learner
 
+def build_pump(
+    cfg: DDQConfig,
+    bus: Bus,
+    *,
+    plan: FragmentPlan,
+    learner_id: str,
+    config_digest: str,
+    queues: tuple[Outbox, Inbox, RoundBook],
+    injector: FaultInjector,
+    clock: Clock,
+    status: Callable[[], Heartbeat],
+) -> Pump:
+    """The pump of one learner (rank 0) on ``bus``, configured from ``cfg``.
 
-def build_pump(learner: Learner, bus: Bus) -> Pump:
-    """The pump of ``learner`` (rank 0) on ``bus``, configured from ``learner.cfg``."""
-    cfg = learner.cfg
+    Args:
+        cfg: The run's config (wire, redis, membership, learner, synchronizer, faults).
+        bus: Rank 0's bus.
+        plan: The learner's fragment plan.
+        learner_id: Its id.
+        config_digest: Stamped on its contributions (the run digest, unless a test says).
+        queues: The outbox it publishes from, the inbox it fills, its round book.
+        injector: The learner's faults (the pump applies the send-side ones).
+        clock: Time for pacing and retries.
+        status: The learner's heartbeat now (``Learner.heartbeat``).
+    """
+    outbox, inbox, rounds = queues
     follower = Follower(
-        bus,
-        plan=learner.plan,
-        learner_id=learner.learner_id,
-        limits=cfg.wire.message_limits(),
-        now=learner.clock.now,
+        bus, plan=plan, learner_id=learner_id, limits=cfg.wire.message_limits(), now=clock.now
     )
     settings = publisher.PublishSettings(
         run_id=bus.keys.run_id,
-        learner_id=learner.learner_id,
-        config_digest=learner.config_digest,
+        learner_id=learner_id,
+        config_digest=config_digest,
         codec=cfg.wire.codec_spec(),
         error_feedback=cfg.learner.error_feedback,
         ttl_s=cfg.redis.contribution_ttl_s,
@@ -41,12 +61,12 @@ def build_pump(learner: Learner, bus: Bus) -> Pump:
         encoder=publisher.ContributionEncoder(
             settings.codec, error_feedback=settings.error_feedback
         ),
-        outbox=learner.outbox,
-        inbox=learner.inbox,
-        rounds=learner.rounds,
-        injector=learner.injector,
-        clock=learner.clock,
-        status=lambda: heartbeat(learner),
+        outbox=outbox,
+        inbox=inbox,
+        rounds=rounds,
+        injector=injector,
+        clock=clock,
+        status=status,
         settings=PumpSettings(
             heartbeat_interval_s=cfg.membership.heartbeat_interval_s,
             heartbeat_ttl_s=cfg.membership.dead_after_s,
@@ -60,25 +80,4 @@ def build_pump(learner: Learner, bus: Bus) -> Pump:
     )
 
 
-def heartbeat(learner: Learner) -> Heartbeat:
-    """The learner's heartbeat: progress, versions held, queue depths, where it runs."""
-    assert learner.bus is not None  # heartbeats are rank 0's, which has the bus
-    return Heartbeat(
-        run_id=learner.bus.keys.run_id,
-        config_digest=learner.config_digest,
-        role="learner",
-        member_id=learner.learner_id,
-        state=learner.state,
-        step=learner.step_count,
-        n_tokens=learner.n_tokens,
-        step_time_ema_s=learner.step_time_ema_s,
-        versions=learner.versions,
-        queue_depths={"publish": learner.outbox.depth(), "receive": learner.inbox.depth()},
-        device=str(learner.params.device),
-        host=learner.identity.host,
-        pid=learner.identity.pid,
-        sent_at_s=time.time(),
-    )
-
-
-__all__ = ["build_pump", "heartbeat"]
+__all__ = ["build_pump"]

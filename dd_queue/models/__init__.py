@@ -6,14 +6,32 @@
     out.loss.backward()
 
 See ``spec.py`` for the presets and their sizes, ``base.py`` for the batch/output contract.
+The presets (``spec.py``) import at once; the torch modules on first use (``dd_queue._lazy``).
 """
 
-from dd_queue.models.base import IGNORE_INDEX, ModelOutput, TrainBatch
-from dd_queue.models.gpt import GPT
-from dd_queue.models.moe import MoE, expert_load
-from dd_queue.models.registry import Model, build_model, init_parameters, param_groups
+from typing import TYPE_CHECKING
+
+from dd_queue._lazy import lazy_exports
 from dd_queue.models.spec import FAMILIES, PRESETS, Family, ModelSpec, param_count, resolve_spec
-from dd_queue.models.vit import ViT
+
+if TYPE_CHECKING:
+    from dd_queue.models.base import IGNORE_INDEX, ModelOutput, TrainBatch
+    from dd_queue.models.gpt import GPT
+    from dd_queue.models.moe import MoE, expert_load
+    from dd_queue.models.registry import Model, build_model, init_parameters, param_groups
+    from dd_queue.models.vit import ViT
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(("IGNORE_INDEX", "ModelOutput", "TrainBatch"), "base"),
+        "GPT": "gpt",
+        "MoE": "moe",
+        "expert_load": "moe",
+        **dict.fromkeys(("Model", "build_model", "init_parameters", "param_groups"), "registry"),
+        "ViT": "vit",
+    },
+)
 
 __all__ = [
     "FAMILIES",

@@ -10,10 +10,10 @@ See :mod:`dd_queue.synchronizer.synchronizer` for the loop, ``docs/protocol.md``
 reads and writes.
 """
 
+from dd_queue.fragment_state import FragmentState, SegmentRecord, VersionRef
 from dd_queue.synchronizer.context import hard_kill
 from dd_queue.synchronizer.runtime import FragmentStatus
 from dd_queue.synchronizer.source import ArraySource, ConfigModelSource, ModelSource, plan_of
-from dd_queue.synchronizer.state import FragmentState, SegmentRecord, VersionRef
 from dd_queue.synchronizer.synchronizer import Synchronizer
 
 __all__ = [

@@ -27,9 +27,9 @@ from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
 from dd_queue.core.merge import F32
 from dd_queue.core.outer import NesterovState, state_from_bytes, state_parts
 from dd_queue.errors import BlobMissing, CorruptPayload, ProtocolError
+from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.messages import MessageLimits
 from dd_queue.synchronizer.buffers import framed
-from dd_queue.synchronizer.state import FragmentState, VersionRef
 from dd_queue.wire import blob_parts, unpack_blob
 
 log = logging.getLogger("dd_queue.synchronizer")

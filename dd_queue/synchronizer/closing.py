@@ -37,12 +37,12 @@ from dd_queue.core.anchor import anchor_contributions
 from dd_queue.core.merge import F32, ContributionData, MergeResult, merge_fragment
 from dd_queue.core.outer import NesterovState, nesterov_step
 from dd_queue.core.policy import Decision, Ema
+from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import ContributorRecord, EntryOutcome, GlobalFragment, RoundRecord
 from dd_queue.synchronizer import blobs
 from dd_queue.synchronizer.context import Context
 from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
-from dd_queue.synchronizer.state import FragmentState, VersionRef
 
 __all__ = ["RoundFailed", "abandon_round", "merge_round"]
 

@@ -22,8 +22,8 @@ from dd_queue.bus import Bus, ops
 from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import unflatten_fragment
 from dd_queue.errors import ConfigError, CorruptPayload, NotReady
+from dd_queue.fragment_state import FragmentState, fragment_of
 from dd_queue.synchronizer.source import ArraySource
-from dd_queue.synchronizer.state import FragmentState, fragment_of
 
 __all__ = ["EXPORT_FORMAT", "export_model", "global_model", "load_export"]
 

@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from dd_queue.bus import Entry, Lease
 from dd_queue.core.rounds import RoundState
 from dd_queue.errors import ProtocolError
+from dd_queue.fragment_state import FragmentState
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, RoundOpen
 from dd_queue.synchronizer.context import Context
-from dd_queue.synchronizer.state import FragmentState
 
 __all__ = ["latest_round", "pending_entries", "rebuild_round", "reclaim_entries"]
 

@@ -24,11 +24,11 @@ from dd_queue.core.outer import NesterovState
 from dd_queue.core.policy import Decision
 from dd_queue.core.rounds import RoundState
 from dd_queue.errors import ConfigError
+from dd_queue.fragment_state import FragmentState, fragment_of, segments_of
 from dd_queue.messages import Contribution, EntryOutcome, GlobalFragment, RoundOpen
 from dd_queue.synchronizer import blobs
 from dd_queue.synchronizer.context import Context
 from dd_queue.synchronizer.source import Arrays
-from dd_queue.synchronizer.state import FragmentState, fragment_of, segments_of
 
 __all__ = [
     "FragmentRuntime",

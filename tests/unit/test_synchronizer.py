@@ -17,8 +17,8 @@ from dd_queue.core.fragments import flatten_fragment
 from dd_queue.core.merge import segment_sq_norms
 from dd_queue.errors import ConfigError, CorruptPayload, DDQError
 from dd_queue.faults import FaultInjector
+from dd_queue.fragment_state import fragment_of
 from dd_queue.synchronizer import ArraySource, FragmentState, Synchronizer, plan_of
-from dd_queue.synchronizer.state import fragment_of
 from tests.synchronizer_support import (
     beat,
     contribute,
