@@ -189,3 +189,84 @@ def test_flatten_rejects_missing_or_misshapen_tensors() -> None:
         flatten_fragment(frag, {"a": np.zeros((2, 2)), "b": np.zeros(3)}, out=np.zeros(7))  # type: ignore[arg-type]
     with pytest.raises(CoreError, match="cannot write"):
         unflatten_into(frag, np.zeros(7, np.float32), {"a": np.zeros((2, 2)), "b": np.zeros(4)})
+
+
+def test_locate_names_the_tensor_it_cannot_find() -> None:
+    plan = plan_fragments({"a": (2,), "b": (3,)}, 2)
+    with pytest.raises(
+        CoreError, match=r"^tensor 'nope' is not in the fragment plan; check the model's names$"
+    ):
+        plan.locate("nope")
+
+
+@pytest.mark.parametrize(
+    ("shapes", "n_fragments", "message"),
+    [
+        ({}, 1, r"^the model has no tensors; nothing to fragment$"),
+        ({"a": (0, 3)}, 1, r"^every tensor of the model is empty; nothing to fragment$"),
+        (
+            {"a": (2,), "b": (0,)},
+            2,
+            r"^n_fragments=2 must be between 1 and 1 \(the number of non-empty tensors\): whole "
+            r"tensors are packed, so there cannot be more fragments$",
+        ),
+    ],
+)
+def test_plan_errors_give_the_full_reason(
+    shapes: dict[str, Any], n_fragments: int, message: str
+) -> None:
+    with pytest.raises(CoreError, match=message):
+        plan_fragments(shapes, n_fragments)
+
+
+def test_unflatten_into_reports_the_target_shape_it_found() -> None:
+    frag = plan_fragments({"a": (2, 2), "b": (3,)}, 1).fragments[0]
+    flat = np.zeros(7, np.float32)
+    with pytest.raises(
+        CoreError, match=r"^cannot write tensor 'b': target shape None, plan \(3,\)$"
+    ):
+        unflatten_into(frag, flat, {"a": np.zeros((2, 2))})
+    with pytest.raises(
+        CoreError, match=r"^cannot write tensor 'b': target shape \(4,\), plan \(3,\)$"
+    ):
+        unflatten_into(frag, flat, {"a": np.zeros((2, 2)), "b": np.zeros(4)})
+
+
+@pytest.mark.parametrize(
+    ("shapes", "n_fragments", "n_embedding_fragments"),
+    [
+        ({"embed.a": (1,), "embed.b": (1,), "a": (10,), "b": (10,), "c": (10,)}, 3, 1),
+        ({"embed.a": (10,), "embed.b": (10,), "a": (1,), "b": (1,), "c": (1,)}, 3, 2),
+        ({"embed.a": (4,), "embed.b": (4,), "a": (4,), "b": (4,), "c": (4,)}, 4, 2),
+        ({"embed.a": (3,), "embed.b": (3,), "a": (6,), "b": (6,), "c": (6,)}, 4, 1),
+        ({"embed.a": (100,), "embed.b": (100,), "embed.c": (100,), "w": (1,)}, 3, 2),
+        ({"embed": (100,), "a": (1,), "b": (1,)}, 3, 1),
+        ({"embed.a": (100,), "embed.b": (0,), "a": (1,), "b": (1,)}, 3, 1),
+        ({"embed.a": (1,), "embed.b": (1,), "embed.c": (1,), "w": (100,)}, 3, 2),
+        ({"embed.a": (1,), "embed.b": (1,), "embed.c": (1,), "w": (100,), "z": (0,)}, 3, 2),
+        ({"embed": (1,), "a": (5,), "b": (5,)}, 2, 1),
+        ({"wte": (10,), "wte2": (1,), "b": (1,)}, 2, 1),
+    ],
+)
+def test_isolated_embeddings_get_their_rounded_share_of_fragments(
+    shapes: dict[str, tuple[int, ...]], n_fragments: int, n_embedding_fragments: int
+) -> None:
+    plan = plan_fragments(shapes, n_fragments, isolate_embeddings=True)
+    _assert_exact_cover(plan, shapes)
+    assert plan.n_fragments == n_fragments and min(plan.sizes) > 0
+    kinds = [{s.is_embedding for s in f.segments} for f in plan.fragments]
+    assert kinds == [{True}] * n_embedding_fragments + [{False}] * (
+        n_fragments - n_embedding_fragments
+    )
+
+
+def test_isolation_with_only_embedding_tensors_is_the_plain_plan() -> None:
+    shapes = {"wte": (3,), "embed": (2,)}
+    isolated = plan_fragments(shapes, 2, isolate_embeddings=True)
+    assert isolated == plan_fragments(shapes, 2)
+    assert isolated.sizes == (3, 2)
+
+
+def test_digest_of_non_ascii_names_is_a_stable_golden_value() -> None:
+    plan = plan_fragments({"Θ.weight": (2, 3), "wte": (4,)}, 2)
+    assert plan.digest == "da793c5b6047a4987c7c6313716bc0a93c2dd2d4fa2571f8891a6ed67f38734e"

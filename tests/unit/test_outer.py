@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Literal
 
@@ -16,6 +17,7 @@ from dd_queue.core.outer import (
     nesterov_step,
     state_from_bytes,
     state_from_dict,
+    state_parts,
     state_to_bytes,
     state_to_dict,
 )
@@ -247,3 +249,130 @@ def test_a_step_into_arrays_that_overlap_its_inputs_is_refused() -> None:
         nesterov_step(
             theta, delta, state, lr=0.5, momentum=0.9, out=(shared, NesterovState(shared))
         )
+
+
+@pytest.mark.parametrize(
+    ("momentum", "weight_decay", "step"),
+    [(0.9, 0.01, 2), (0.9, 0.01, 0), (0.9, 0.0, 2), (0.0, 0.01, 2)],
+)
+def test_step_arithmetic_is_float32_operation_by_operation(
+    momentum: float, weight_decay: float, step: int
+) -> None:
+    rng = np.random.default_rng(8)
+    theta, delta, buf = (rng.standard_normal(1000).astype(np.float32) for _ in range(3))
+    g = delta + np.float32(weight_decay) * theta if weight_decay else delta
+    if momentum:
+        b = g if step == 0 else np.float32(momentum) * buf + g
+        u = g + np.float32(momentum) * b
+    else:
+        b, u = buf, g
+    expected = theta - np.float32(0.7) * u
+    state = NesterovState(buf.copy(), step=step)
+    nesterov_step(theta, delta, state, lr=0.7, momentum=momentum, weight_decay=weight_decay)
+    assert theta.tobytes() == expected.tobytes() and theta.dtype == np.float32
+    assert state.momentum_buffer.tobytes() == b.tobytes() and state.step == step + 1
+
+
+def test_zero_lr_is_allowed_and_moves_only_the_buffer() -> None:
+    theta, delta = np.ones(4, np.float32), np.full(4, 2.0, np.float32)
+    state = NesterovState.zeros(4)
+    nesterov_step(theta, delta, state, lr=0.0, momentum=0.5)
+    np.testing.assert_array_equal(theta, np.ones(4, np.float32))
+    np.testing.assert_array_equal(state.momentum_buffer, delta)
+    assert state.step == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lr": float("inf")}, r"^outer lr must be finite and ≥ 0, got inf$"),
+        ({"momentum": -0.1}, r"^outer momentum must be in \[0, 1\), got -0\.1$"),
+        (
+            {"weight_decay": float("inf")},
+            r"^outer weight_decay must be finite and ≥ 0, got inf$",
+        ),
+        ({"weight_decay": -0.5}, r"^outer weight_decay must be finite and ≥ 0, got -0\.5$"),
+    ],
+)
+def test_out_of_range_hyperparameters_are_named_with_their_value(
+    kwargs: dict[str, float], message: str
+) -> None:
+    theta, delta, state = np.zeros(4, np.float32), np.zeros(4, np.float32), NesterovState.zeros(4)
+    args = {"lr": 1.0, "momentum": 0.9} | kwargs
+    with pytest.raises(CoreError, match=message):
+        nesterov_step(theta, delta, state, **args)
+
+
+def test_array_argument_errors_give_the_full_reason() -> None:
+    theta, delta, state = np.zeros(4, np.float32), np.zeros(4, np.float32), NesterovState.zeros(4)
+    with pytest.raises(
+        CoreError, match=r"^params, delta and momentum buffer must be flat float32 arrays$"
+    ):
+        nesterov_step(theta.reshape(2, 2), delta, state, lr=1.0, momentum=0.9)
+    with pytest.raises(
+        CoreError,
+        match=r"^params, delta and momentum buffer shapes differ: \[\(4,\), \(5,\), \(4,\)\]$",
+    ):
+        nesterov_step(theta, np.zeros(5, np.float32), state, lr=1.0, momentum=0.9)
+
+
+def test_out_argument_errors_give_the_full_reason() -> None:
+    theta, delta, state = np.ones(8, np.float32), np.ones(8, np.float32), NesterovState.zeros(8)
+    cases: list[tuple[tuple[np.ndarray, NesterovState], str]] = [
+        (
+            (np.empty(8, np.float32), NesterovState(np.empty(7, np.float32))),
+            r"^out arrays must be float32 of shape \(8,\)$",
+        ),
+        (
+            (np.empty(8, np.float64), NesterovState.zeros(8)),
+            r"^out arrays must be float32 of shape \(8,\)$",
+        ),
+        (
+            (theta, NesterovState.zeros(8)),
+            r"^out arrays must not overlap Θ_p, Δ or the momentum buffer$",
+        ),
+        (
+            (np.empty(8, np.float32), NesterovState(state.momentum_buffer)),
+            r"^out arrays must not overlap Θ_p, Δ or the momentum buffer$",
+        ),
+    ]
+    shared = np.empty(8, np.float32)
+    cases.append(
+        ((shared, NesterovState(shared)), r"^out Θ_p and momentum buffer must be separate arrays$")
+    )
+    for out, message in cases:
+        with pytest.raises(CoreError, match=message):
+            nesterov_step(theta, delta, state, lr=0.5, momentum=0.9, out=out)
+
+
+def test_state_parts_header_is_three_uint64_and_body_is_a_view_of_the_buffer() -> None:
+    buf = np.array([-1.0, 0.5, 2.0], np.float32)
+    state = NesterovState(buf, step=2**63 + 5)
+    header, body = state_parts(state)
+    assert header == b"DDQN" + struct.pack("<3Q", 1, 2**63 + 5, 3)
+    assert body.format == "B" and body.readonly
+    assert body.tolist() == list(buf.tobytes())
+    assert np.shares_memory(np.frombuffer(body, np.float32), buf)
+    assert state_from_bytes(header + bytes(body), size=3).step == 2**63 + 5
+
+
+def test_truncated_bytes_report_the_body_length_they_hold() -> None:
+    blob = state_to_bytes(_trained_state())
+    with pytest.raises(CoreError, match=r"^outer state says 10 elements but holds 39 bytes$"):
+        state_from_bytes(blob[:-1])
+
+
+@pytest.mark.parametrize("step", [True, 1.5, "3"])
+def test_state_dict_step_must_be_a_plain_integer(step: object) -> None:
+    d = state_to_dict(_trained_state()) | {"step": step}
+    with pytest.raises(CoreError, match=r"^outer state step must be an integer ≥ 0, got "):
+        state_from_dict(d)
+
+
+def test_state_dict_is_checked_against_the_fragment_size() -> None:
+    d = state_to_dict(_trained_state())
+    with pytest.raises(
+        CoreError, match=r"^outer state has 10 elements; fragment has 11\. Wrong fragment\?$"
+    ):
+        state_from_dict(d, size=11)
+    assert state_from_dict(d, size=10).momentum_buffer.size == 10

@@ -334,6 +334,149 @@ def test_decide(case: Case) -> None:
         assert words in decision.reason, f"{words!r} not in {decision.reason!r}"
 
 
+FULL_REASONS = {
+    "fast-path-without-stale-learners-has-no-suffix": Case(
+        2.0,
+        view(("L0", 1.0), ("L1", 1.5)),
+        live("L0", "L1"),
+        "merge",
+        None,
+        ("all live learners contributed (L0, L1); merging at once",),
+    ),
+    "shrink-policy-keeps-a-quorum-equal-to-the-reachable-learners": Case(
+        2.0,
+        view(("L0", 1.0), ("L1", 1.5)),
+        live("L0", "L1"),
+        "merge",
+        None,
+        ("all live learners contributed (L0, L1); merging at once",),
+        {"quorum": 2, "quorum_policy": "shrink"},
+    ),
+    "stale-learners-listed-from-one-version-behind": Case(
+        2.0,
+        view(("L0", 1.0), ("L1", 1.5), ("L2", 1.6), staleness={"L0": 1, "L2": 2}),
+        live("L0", "L1", "L2"),
+        "merge",
+        None,
+        (
+            "all live learners contributed (L0, L1, L2); merging at once; "
+            "stale versions: L0 1 behind, L2 2 behind",
+        ),
+    ),
+    "all-dead-with-settled-entries-and-nothing-held-abandons": Case(
+        30.0,
+        view(),
+        live(),
+        "abandon",
+        None,
+        (
+            "no live learners and round timeout 30 s passed: closing the round to acknowledge 2 "
+            "settled entries; none held",
+        ),
+        unacked=2,
+    ),
+    "timeout-with-every-live-learner-held-names-none-missing": Case(
+        30.0,
+        view(("L0", 1.0)),
+        live("L0"),
+        "abandon",
+        None,
+        (
+            "round timeout 30 s passed without quorum 2: 1/1 contributed (L0); missing none; "
+            "held contributions stay for the fragment's next round",
+        ),
+        {"quorum": 2},
+    ),
+    "six-missing-learners-are-all-named": Case(
+        1.8,
+        view(("L0", 1.0)),
+        live(*(f"L{i}" for i in range(7))),
+        "merge",
+        None,
+        (
+            "quorum 1 reached 0.8 s ago; 1/7 contributed (L0); grace window 0.8 s "
+            "(0.5 × slack 1.6 s) elapsed; missing L1, L2, L3, L4, L5, L6",
+        ),
+    ),
+    "seven-missing-learners-truncate-one": Case(
+        1.8,
+        view(("L0", 1.0)),
+        live(*(f"L{i}" for i in range(8))),
+        "merge",
+        None,
+        (
+            "quorum 1 reached 0.8 s ago; 1/8 contributed (L0); grace window 0.8 s "
+            "(0.5 × slack 1.6 s) elapsed; missing L1, L2, L3, L4, L5, L6 +1 more",
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FULL_REASONS.values()), ids=list(FULL_REASONS))
+def test_decide_reason_reads_in_full(case: Case) -> None:
+    params = PolicyParams(**{**BASE, **case.params})
+    decision = decide(
+        case.now,
+        case.view,
+        case.live,
+        params=params,
+        estimates=case.estimates,
+        unacked=case.unacked,
+    )
+    assert (decision.kind, decision.reason) == (case.kind, case.says[0])
+
+
+@pytest.mark.parametrize(
+    ("now", "live_set", "params", "estimates", "grace_s"),
+    [
+        (1.5, live("L0"), {}, EST, 0.8),
+        (1.5, live(), {}, EST, 0.8),
+        (1.8, live("L0", "L1"), {}, EST, 0.8),
+        (5.0, live("L0", "L1"), {"grace_cap_s": 10.0, "round_timeout_s": 5.0}, NO_EST, 10.0),
+    ],
+    ids=["fast-path", "no-live-learner-left", "grace-elapsed", "cut-short-by-timeout"],
+)
+def test_every_merge_reports_the_grace_window(
+    now: float,
+    live_set: frozenset[str],
+    params: dict[str, Any],
+    estimates: Estimates,
+    grace_s: float,
+) -> None:
+    decision = decide(
+        now,
+        view(("L0", 1.0)),
+        live_set,
+        params=PolicyParams(**{**BASE, **params}),
+        estimates=estimates,
+    )
+    assert decision.kind == "merge", decision.reason
+    assert decision.grace_window_s == pytest.approx(grace_s)
+
+
+def test_decide_without_settled_entries_waits_for_a_joiner_past_the_timeout() -> None:
+    params = PolicyParams(**{**BASE, "quorum": 2})
+    decision = decide(100.0, view(("L0", 1.0)), live(), params=params, estimates=EST)
+    assert (decision.kind, decision.wake_at) == ("wait", None)
+    assert decision.reason == (
+        "no live learners; waiting for one to join; quorum 2, 1/1 contributed (L0)"
+    )
+
+
+def test_decide_refuses_a_view_whose_arrival_has_no_time() -> None:
+    broken = RoundView(
+        fragment_id=0,
+        round_id=8,
+        opened_at_s=0.0,
+        current_version=3,
+        arrivals=(("L0", None),),  # type: ignore[arg-type]
+    )
+    with pytest.raises(
+        CoreError, match=r"^quorum met but no quorum time; RoundView\.arrivals is inconsistent$"
+    ):
+        decide(1.0, broken, live("L0", "L1"), params=PolicyParams(**BASE), estimates=EST)
+
+
 def test_decision_carries_structured_fields() -> None:
     params = PolicyParams(**BASE, quorum_policy="shrink")
     decision = decide(
@@ -380,33 +523,39 @@ def test_fake_clock_walkthrough_follows_wake_at() -> None:
     assert third.kind == "merge" and third.contributors == ("L0", "L2")
 
 
+FINITE = "must be finite and within"
+
+
 @pytest.mark.parametrize(
-    ("field_name", "value"),
+    ("field_name", "value", "message"),
     [
-        ("quorum", 0),
-        ("quorum", True),
-        ("quorum_policy", "drop"),
-        ("grace_gamma", -0.1),
-        ("grace_gamma", 1.5),
-        ("grace_cap_s", -1.0),
-        ("grace_cap_s", math.inf),
-        ("overlap_steps", -1.0),
-        ("round_timeout_s", 0.0),
-        ("round_timeout_s", math.nan),
-        ("ema_alpha", 0.0),
-        ("ema_alpha", 1.01),
-        ("max_staleness", -1),
+        ("quorum", 0, r"^quorum must be an integer ≥ 1, got 0$"),
+        ("quorum", True, r"^quorum must be an integer ≥ 1, got True$"),
+        ("quorum_policy", "drop", r"^quorum_policy must be 'wait' or 'shrink', got 'drop'$"),
+        ("grace_gamma", -0.1, rf"^grace_gamma {FINITE} \[0\.0, 1\.0\], got -0\.1$"),
+        ("grace_gamma", 1.5, rf"^grace_gamma {FINITE} \[0\.0, 1\.0\], got 1\.5$"),
+        ("grace_cap_s", -1.0, rf"^grace_cap_s {FINITE} \[0\.0, inf\], got -1\.0$"),
+        ("grace_cap_s", math.inf, rf"^grace_cap_s {FINITE} \[0\.0, inf\], got inf$"),
+        ("overlap_steps", -1.0, rf"^overlap_steps {FINITE} \[0\.0, inf\], got -1\.0$"),
+        ("round_timeout_s", 0.0, r"^round_timeout_s must be > 0$"),
+        ("round_timeout_s", math.nan, rf"^round_timeout_s {FINITE} \[0\.0, inf\], got nan$"),
+        ("ema_alpha", 0.0, r"^ema_alpha must be > 0 \(0 would never learn\)$"),
+        ("ema_alpha", 1.01, rf"^ema_alpha {FINITE} \[0\.0, 1\.0\], got 1\.01$"),
+        ("max_staleness", -1, r"^max_staleness must be an integer ≥ 0, got -1$"),
     ],
     ids=lambda v: str(v),
 )
-def test_params_reject_invalid_values(field_name: str, value: object) -> None:
-    with pytest.raises(CoreError, match=field_name):
+def test_params_reject_invalid_values_naming_field_and_value(
+    field_name: str, value: object, message: str
+) -> None:
+    with pytest.raises(CoreError, match=message):
         PolicyParams(**{field_name: value})  # type: ignore[arg-type]
 
 
 def test_params_accept_edges() -> None:
     PolicyParams(grace_gamma=0.0, grace_cap_s=0.0, overlap_steps=0.0, ema_alpha=1.0)
     PolicyParams(grace_gamma=1.0, max_staleness=0, quorum_policy="shrink")
+    assert PolicyParams(round_timeout_s=0.5).round_timeout_s == 0.5
 
 
 def test_ema_first_sample_then_moves_by_alpha() -> None:
@@ -418,6 +567,21 @@ def test_ema_first_sample_then_moves_by_alpha() -> None:
         ema.update(math.nan, 0.25)
     with pytest.raises(CoreError):
         ema.update(1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("sample", "alpha", "message"),
+    [
+        (math.nan, 0.25, rf"^sample {FINITE} \[-inf, inf\], got nan$"),
+        (1.0, 1.5, rf"^alpha {FINITE} \[0\.0, 1\.0\], got 1\.5$"),
+        (1.0, -0.5, rf"^alpha {FINITE} \[0\.0, 1\.0\], got -0\.5$"),
+        (1.0, 0.0, r"^alpha must be > 0$"),
+    ],
+    ids=["nan-sample", "alpha-above-one", "negative-alpha", "zero-alpha"],
+)
+def test_ema_errors_name_the_bad_argument(sample: float, alpha: float, message: str) -> None:
+    with pytest.raises(CoreError, match=message):
+        Ema(value=1.0, n_samples=1).update(sample, alpha)
 
 
 @given(st.lists(st.floats(0.0, 1e3), min_size=1, max_size=30), st.floats(0.01, 1.0))
@@ -453,6 +617,26 @@ def test_grace_window_is_clamped_formula(
     limit = step if cap is None else cap
     expected = min(max(gamma * (tau * step - quorum - sync), 0.0), limit)
     assert grace_window(params, est).seconds == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("estimates", "tau", "seconds", "note"),
+    [
+        (
+            Estimates().observe(alpha=A, step_s=1.0, quorum_s=0.5, sync_s=0.5),
+            1.0,
+            0.0,
+            "no slack: τ·ξ_step 1 s ≤ ξ_quorum + ξ_sync 1 s",
+        ),
+        (ROOMY, 2.0, 1.0, "capped at ξ_step; γ·slack = 1 s"),
+    ],
+    ids=["slack-exactly-zero", "wanted-exactly-the-cap"],
+)
+def test_grace_window_boundaries_pick_the_clamp(
+    estimates: Estimates, tau: float, seconds: float, note: str
+) -> None:
+    window = grace_window(PolicyParams(overlap_steps=tau, grace_gamma=0.5), estimates)
+    assert (window.seconds, window.note) == (seconds, note)
 
 
 NAMES = ("L0", "L1", "L2", "L3", "L4")

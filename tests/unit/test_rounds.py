@@ -48,21 +48,49 @@ def test_counters_count_steps_and_tokens_until_receipt() -> None:
 
 @pytest.mark.parametrize("version", [2, 3], ids=["older", "same"])
 def test_counters_refuse_a_version_that_is_not_newer(version: int) -> None:
-    with pytest.raises(CoreError, match="not newer"):
+    message = (
+        rf"^global version {version} is not newer than base version 3; "
+        r"skip it instead of applying it$"
+    )
+    with pytest.raises(CoreError, match=message):
         FragmentCounters(steps=4, tokens=9, base_version=3).after_receive(version)
 
 
 def test_counters_reject_negative_tokens() -> None:
-    with pytest.raises(CoreError, match="tokens"):
+    with pytest.raises(CoreError, match=r"^tokens must be an integer ≥ 0, got -1$"):
         FragmentCounters().after_step(-1)
 
 
+def test_counters_reject_a_negative_received_version() -> None:
+    with pytest.raises(CoreError, match=r"^version must be an integer ≥ 0, got -1$"):
+        FragmentCounters().after_receive(-1)
+
+
 @pytest.mark.parametrize(
-    "bad",
-    [{"learner_id": ""}, {"n_tokens": -1}, {"round_id": -2}, {"base_version": True}],
+    ("bad", "message"),
+    [
+        ({"steps": -1}, r"^steps must be an integer ≥ 0, got -1$"),
+        ({"tokens": -2}, r"^tokens must be an integer ≥ 0, got -2$"),
+        ({"base_version": True}, r"^base_version must be an integer ≥ 0, got True$"),
+    ],
+    ids=["negative-steps", "negative-tokens", "bool-version"],
+)
+def test_counters_errors_name_the_field_and_value(bad: dict[str, object], message: str) -> None:
+    with pytest.raises(CoreError, match=message):
+        FragmentCounters(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"learner_id": ""}, r"^learner_id must be a non-empty string$"),
+        ({"n_tokens": -1}, r"^n_tokens must be an integer ≥ 0, got -1$"),
+        ({"round_id": -2}, r"^round_id must be an integer ≥ 0, got -2$"),
+        ({"base_version": True}, r"^base_version must be an integer ≥ 0, got True$"),
+    ],
     ids=["empty-learner", "negative-tokens", "negative-round", "bool-version"],
 )
-def test_contribution_meta_validates(bad: dict[str, object]) -> None:
+def test_contribution_meta_validates(bad: dict[str, object], message: str) -> None:
     fields: dict[str, object] = {
         "learner_id": "L0",
         "fragment_id": 0,
@@ -72,8 +100,23 @@ def test_contribution_meta_validates(bad: dict[str, object]) -> None:
         "n_tokens": 1,
         **bad,
     }
-    with pytest.raises(CoreError):
+    with pytest.raises(CoreError, match=message):
         ContributionMeta(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"fragment_id": -1}, r"^fragment_id must be an integer ≥ 0, got -1$"),
+        ({"round_id": -3}, r"^round_id must be an integer ≥ 0, got -3$"),
+        ({"current_version": True}, r"^current_version must be an integer ≥ 0, got True$"),
+    ],
+    ids=["negative-fragment", "negative-round", "bool-version"],
+)
+def test_open_errors_name_the_field_and_value(bad: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"fragment_id": 0, "round_id": 0, "current_version": 0, **bad}
+    with pytest.raises(CoreError, match=message):
+        RoundState.open(opened_at_s=0.0, **fields)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- admission
@@ -98,18 +141,27 @@ def test_newer_round_from_same_learner_replaces_older() -> None:
     assert state.view().arrivals == (("L0", 1.0),), "a replacement keeps the first arrival"
 
 
+def test_replacement_reports_its_own_staleness() -> None:
+    state = admit_all(fresh(round_id=4, version=7), (meta("L0", round_id=4, base=7), 1.0))
+    state = state.reopened(round_id=6, opened_at_s=30.0)
+    _, adm = state.admit(meta("L0", round_id=6, base=6), now=31.0, max_staleness=MAX_STALENESS)
+    assert (adm.kind, adm.staleness) == ("replaced", 1)
+    assert adm.reason == "L0 round 6 replaces its round 4 contribution (1 version stale)"
+
+
 def test_older_round_after_newer_is_superseded() -> None:
     state = fresh(round_id=4).reopened(round_id=6, opened_at_s=30.0)
     state = admit_all(state, (meta("L0", round_id=6), 31.0))
     same, adm = state.admit(meta("L0", round_id=4), now=32.0, max_staleness=MAX_STALENESS)
     assert adm.kind == "superseded" and not adm.admitted and same is state
+    assert adm.staleness == 0
     assert "superseded by its round 6 contribution" in adm.reason
 
 
 def test_duplicate_identity_is_reported_and_not_applied() -> None:
     state = admit_all(fresh(), (meta("L0"), 1.0))
     same, adm = state.admit(meta("L0", n_tokens=5), now=2.0, max_staleness=MAX_STALENESS)
-    assert adm.kind == "duplicate" and same is state
+    assert (adm.kind, adm.staleness) == ("duplicate", 0) and same is state
     assert adm.reason == "L0 round 4 is a duplicate; already received"
 
 
@@ -125,27 +177,33 @@ def test_redelivery_after_merge_is_a_duplicate_and_other_old_rounds_are_late() -
     state = admit_all(fresh(round_id=4, version=7), (meta("L0"), 1.0))
     state = state.after_merge(round_id=5, opened_at_s=2.0)
     _, dup = state.admit(meta("L0"), now=3.0, max_staleness=MAX_STALENESS)
-    assert dup.kind == "duplicate"
+    assert (dup.kind, dup.staleness) == ("duplicate", 1)
     assert "already counted in version 8" in dup.reason
     _, late = state.admit(meta("L1"), now=3.0, max_staleness=MAX_STALENESS)
-    assert late.kind == "late" and not late.admitted
+    assert late.kind == "late" and not late.admitted and late.staleness == 1
     assert late.reason == "L1 round 4 is late: fragment 0 merged round 4 without it"
 
 
 @pytest.mark.parametrize(
-    ("contribution", "kind", "words"),
+    ("contribution", "kind", "words", "staleness"),
     [
-        (meta("L0", round_id=5), "invalid", "round 4 is the newest opened"),
-        (meta("L0", base=8), "invalid", "base version 8 is newer than version 7"),
-        (meta("L0", base=4), "stale", "3 behind version 7 > max_staleness 2"),
+        (meta("L0", round_id=5, base=6), "invalid", "round 4 is the newest opened", 1),
+        (meta("L0", base=8), "invalid", "base version 8 is newer than version 7", -1),
+        (meta("L0", base=4), "stale", "3 behind version 7 > max_staleness 2", 3),
     ],
     ids=["future-round", "base-ahead", "too-stale"],
 )
-def test_rejections(contribution: ContributionMeta, kind: str, words: str) -> None:
+def test_rejections(contribution: ContributionMeta, kind: str, words: str, staleness: int) -> None:
     state = fresh(round_id=4, version=7)
     same, adm = state.admit(contribution, now=1.0, max_staleness=MAX_STALENESS)
     assert adm.kind == kind and not adm.admitted and same is state
     assert words in adm.reason
+    assert adm.staleness == staleness
+
+
+def test_one_version_stale_is_singular() -> None:
+    _, adm = fresh(version=7).admit(meta("L0", base=6), now=1.0, max_staleness=2)
+    assert adm.reason == "L0 round 4 accepted (1 version stale)"
 
 
 def test_slightly_stale_contribution_still_counts() -> None:
@@ -170,12 +228,18 @@ def test_quorum_time_is_when_the_kth_distinct_learner_arrived() -> None:
         (meta("L1", base=6), 2.0),
     )
     view = state.view()
+    assert (view.fragment_id, view.round_id, view.opened_at_s, view.current_version) == (
+        0,
+        4,
+        0.0,
+        7,
+    )
     assert view.arrivals == (("L0", 1.0), ("L1", 2.0), ("L2", 3.0))
     assert view.first_arrival_s == 1.0
     assert [view.quorum_at_s(k) for k in (1, 2, 3, 4)] == [1.0, 2.0, 3.0, None]
     assert view.staleness == (("L0", 0), ("L1", 1), ("L2", 0))
     assert view.contributors == frozenset({"L0", "L1", "L2"})
-    with pytest.raises(CoreError):
+    with pytest.raises(CoreError, match=r"^quorum must be ≥ 1, got 0$"):
         view.quorum_at_s(0)
 
 
@@ -185,15 +249,16 @@ def test_reopen_keeps_contributions_and_merge_clears_them() -> None:
     assert (reopened.round_id, reopened.opened_at_s, reopened.held) == (6, 30.0, state.held)
     merged = reopened.after_merge(round_id=8, opened_at_s=31.0)
     assert (merged.current_version, merged.last_merged_round_id, merged.held) == (8, 6, ())
+    assert (merged.round_id, merged.opened_at_s) == (8, 31.0)
     assert merged.view().first_arrival_s is None
 
 
 @pytest.mark.parametrize("round_id", [3, 4], ids=["earlier", "same"])
 def test_lifecycle_rounds_must_move_forward(round_id: int) -> None:
     state = admit_all(fresh(round_id=4), (meta("L0"), 1.0))
-    with pytest.raises(CoreError):
+    with pytest.raises(CoreError, match=rf"^reopened round {round_id} must be after round 4$"):
         state.reopened(round_id=round_id, opened_at_s=1.0)
-    with pytest.raises(CoreError):
+    with pytest.raises(CoreError, match=rf"^next round {round_id} must be after merged round 4$"):
         state.after_merge(round_id=round_id, opened_at_s=1.0)
 
 
