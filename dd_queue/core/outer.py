@@ -129,6 +129,8 @@ def state_parts(state: NesterovState) -> tuple[bytes, memoryview]:
     buffer's own bytes (a view, not a copy, on a little-endian machine; do not change the
     buffer while the view is in use)."""
     buf = state.momentum_buffer
+    if not 0 <= state.step < 2**64:
+        raise CoreError(f"outer step must be in [0, 2^64), got {state.step}")
     header = _MAGIC + np.array([1, state.step, buf.size], dtype=_LE_U64).tobytes()
     body = np.ascontiguousarray(buf.astype(_LE_F32, copy=False).reshape(-1))
     return header, body.data.cast("B").toreadonly()

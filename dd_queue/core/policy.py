@@ -204,9 +204,11 @@ def grace_window(params: PolicyParams, estimates: Estimates) -> GraceWindow:
     budget = params.overlap_steps * step
     slack = budget - quorum_s - sync_s
     wanted = params.grace_gamma * slack
-    if wanted <= 0:
+    if slack <= 0:
         busy = f"ξ_quorum + ξ_sync {fmt_s(quorum_s + sync_s)} s"
         return GraceWindow(0.0, f"no slack: τ·ξ_step {fmt_s(budget)} s ≤ {busy}")
+    if wanted <= 0:
+        return GraceWindow(0.0, f"γ = 0: no grace window (slack {fmt_s(slack)} s unused)")
     if wanted >= cap:
         return GraceWindow(cap, f"capped at {cap_name}; γ·slack = {fmt_s(wanted)} s")
     return GraceWindow(wanted, f"{params.grace_gamma:g} × slack {fmt_s(slack)} s")

@@ -376,3 +376,10 @@ def test_state_dict_is_checked_against_the_fragment_size() -> None:
     ):
         state_from_dict(d, size=11)
     assert state_from_dict(d, size=10).momentum_buffer.size == 10
+
+
+@pytest.mark.parametrize("step", [-1, 2**64])
+def test_a_state_whose_step_does_not_fit_the_header_is_refused_in_words(step: int) -> None:
+    state = NesterovState(momentum_buffer=np.zeros(3, np.float32), step=step)
+    with pytest.raises(CoreError, match=r"outer step must be in \[0, 2\^64\), got "):
+        state_to_bytes(state)

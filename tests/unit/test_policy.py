@@ -639,6 +639,13 @@ def test_grace_window_boundaries_pick_the_clamp(
     assert (window.seconds, window.note) == (seconds, note)
 
 
+def test_a_zero_gamma_says_so_instead_of_claiming_there_is_no_slack() -> None:
+    """γ = 0 with real slack (τ·ξ_step 2 s > 0.4 s): the window is 0 because of γ."""
+    est = Estimates().observe(alpha=A, step_s=1.0, quorum_s=0.2, sync_s=0.2)
+    window = grace_window(PolicyParams(overlap_steps=2.0, grace_gamma=0.0), est)
+    assert (window.seconds, window.note) == (0.0, "γ = 0: no grace window (slack 1.6 s unused)")
+
+
 NAMES = ("L0", "L1", "L2", "L3", "L4")
 
 
