@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dd_queue.clock import FakeClock
 from dd_queue.core.policy import (
+    Decision,
     Ema,
     Estimates,
     PolicyParams,
@@ -314,10 +315,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
-def test_decide(case: Case) -> None:
+def decide_case(case: Case) -> Decision:
     params = PolicyParams(**{**BASE, **case.params})
-    decision = decide(
+    return decide(
         case.now,
         case.view,
         case.live,
@@ -325,6 +325,11 @@ def test_decide(case: Case) -> None:
         estimates=case.estimates,
         unacked=case.unacked,
     )
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_decide(case: Case) -> None:
+    decision = decide_case(case)
     assert decision.kind == case.kind, decision.reason
     if case.wake_at is None:
         assert decision.wake_at is None
@@ -414,15 +419,7 @@ FULL_REASONS = {
 
 @pytest.mark.parametrize("case", list(FULL_REASONS.values()), ids=list(FULL_REASONS))
 def test_decide_reason_reads_in_full(case: Case) -> None:
-    params = PolicyParams(**{**BASE, **case.params})
-    decision = decide(
-        case.now,
-        case.view,
-        case.live,
-        params=params,
-        estimates=case.estimates,
-        unacked=case.unacked,
-    )
+    decision = decide_case(case)
     assert (decision.kind, decision.reason) == (case.kind, case.says[0])
 
 
