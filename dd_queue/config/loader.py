@@ -21,10 +21,11 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr
 
 from dd_queue.config.schema import DDQConfig
 from dd_queue.errors import ConfigError
+from dd_queue.validation import validate_model
 
 ENV_PREFIX = "DDQ__"
 
@@ -48,17 +49,9 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> D
 
 def validate_config(raw: Mapping[str, Any], *, source: str = "<dict>") -> DDQConfig:
     """Validate a plain mapping into a ``DDQConfig``, turning pydantic errors into ConfigError."""
-    try:
-        return DDQConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(part) for part in err["loc"]) or "<top>"
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling against config/base.yaml)"
-            lines.append(f"  {where}: {msg}")
-        raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines)) from None
+    return validate_model(
+        DDQConfig, raw, what="config", source=source, reference="config/base.yaml"
+    )
 
 
 def _read_yaml_tree(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import Counter
 
@@ -14,7 +15,6 @@ from dd_queue.control.schemas import (
     ChaosSchedule,
     ChaosView,
     Contributions,
-    ContributorView,
     DecisionView,
     EffectView,
     EvalPoint,
@@ -23,7 +23,6 @@ from dd_queue.control.schemas import (
     FragmentView,
     GoodputView,
     LearnerView,
-    OutcomeView,
     QuorumView,
     RoundView,
     StateView,
@@ -218,40 +217,23 @@ def round_view(plane: ControlPlane, r: RoundRecord) -> RoundView:
     per_param = _BYTES_PER_PARAM.get(wire.codec, 4.0)
     per_param += 4.0 / wire.block_size if wire.codec in ("int8", "int4") else 0.0
     merged = r.decision == "merge"
-    return RoundView(
-        fragment_id=r.fragment_id,
-        round_id=r.round_id,
-        version_before=r.version_before,
-        version_after=r.version_after,
-        decision=r.decision,
-        reason=r.reason,
-        contributors=[
-            ContributorView(
-                learner_id=c.learner_id,
-                weight=c.weight,
-                n_tokens=c.n_tokens,
-                n_steps=c.n_steps,
-                staleness=c.staleness,
-            )
-            for c in r.contributors
-        ],
-        outcomes=[
-            OutcomeView(
-                entry_id=e.entry_id,
-                learner_id=e.learner_id,
-                round_id=e.round_id,
-                outcome=e.outcome,
-                reason=e.reason,
-            )
-            for e in r.entries
-        ],
-        opened_at_s=r.opened_at_s,
-        quorum_at_s=r.quorum_at_s,
-        closed_at_s=r.closed_at_s,
-        timings_s=dict(r.timings_s),
-        bytes_out=4 * n if merged else 0,
-        bytes_in_estimate=int(per_param * n * len(r.contributors)) if merged else 0,
+    return RoundView.model_validate(
+        {
+            **{name: getattr(r, name) for name in _ROUND_FIELDS},
+            "contributors": [dataclasses.asdict(c) for c in r.contributors],
+            "outcomes": [dataclasses.asdict(e) for e in r.entries],
+            "bytes_out": 4 * n if merged else 0,
+            "bytes_in_estimate": int(per_param * n * len(r.contributors)) if merged else 0,
+        }
     )
+
+
+# The record's fields that the view shows as they are (the rest are renamed or derived above).
+_ROUND_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(RoundRecord)
+    if f.name in RoundView.model_fields and f.name not in ("contributors",)
+)
 
 
 def fault_view(record: FaultRecord) -> FaultView:

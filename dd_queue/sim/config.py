@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import ConfigError, CoreError
+from dd_queue.validation import validate_model
 
 __all__ = [
     "REGIMES",
@@ -261,17 +262,13 @@ def validate_sim_config(raw: Mapping[str, Any], *, source: str = "<dict>") -> Si
     Raises:
         ConfigError: Listing every bad key by its dotted path.
     """
-    try:
-        return SimConfig.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(part) for part in err["loc"]) or "<top>"
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling against config/sim/default.yaml)"
-            lines.append(f"  {where}: {msg}")
-        raise ConfigError(f"invalid simulator config {source}:\n" + "\n".join(lines)) from None
+    return validate_model(
+        SimConfig,
+        raw,
+        what="simulator config",
+        source=source,
+        reference="config/sim/default.yaml",
+    )
 
 
 def load_sim_config(
