@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 
 import numpy as np
 import pytest
 import torch
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from dd_queue.core.blockwise import Blockwise, as_float32
 from dd_queue.core.codec import (
     CODEC_NAMES,
     CodecSpec,
     DecodeLimits,
     TensorHeader,
     check_header,
+    codes_view,
     decode,
+    decode_delta,
     encode,
+    encode_fp32_view,
+    keeps_codes,
     raw_nbytes_for,
 )
-from dd_queue.errors import CoreError, CorruptPayload, NonFiniteValues
+from dd_queue.errors import (
+    CoreError,
+    CorruptPayload,
+    IncompatibleMessage,
+    NonFiniteValues,
+    PayloadTooLarge,
+)
 
 LIMITS = DecodeLimits()
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -365,3 +378,334 @@ def test_checksum_uses_isal_where_installed() -> None:
     from dd_queue.core import codec
 
     assert codec._crc32 is isal_zlib.crc32
+
+
+# ----------------------------------------------------------------------------- range ends, messages
+
+
+def test_codec_spec_accepts_both_ends_of_its_ranges() -> None:
+    assert CodecSpec("int8", block_size=8).block_size == 8
+    assert CodecSpec("int4", block_size=1 << 20).block_size == 1 << 20
+    assert CodecSpec(zstd_level=22).zstd_enabled
+    assert not CodecSpec(zstd_level=0).zstd_enabled
+
+
+def test_decode_limits_accept_one() -> None:
+    limits = DecodeLimits(max_payload_bytes=1, max_decompressed_bytes=1, max_elements=1)
+    assert dataclasses.astuple(limits) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"), [(np.ones(4, np.float64), "float64"), ([1.0, 2.0], "list")], ids=str
+)
+def test_encode_error_names_what_it_got(bad: object, named: str) -> None:
+    with pytest.raises(CoreError, match=rf"float32 numpy array, got {named}; use x\.astype"):
+        encode(bad, CodecSpec("fp32"))  # type: ignore[arg-type]
+
+
+def test_unknown_codec_and_dtype_errors_name_the_value() -> None:
+    known = r"this build knows \('fp32', 'bf16', 'int8', 'int4'\)"
+    with pytest.raises(IncompatibleMessage, match=rf"unknown codec 'fp8'; {known}"):
+        raw_nbytes_for("fp8", 10, 256)
+    header = encode(np.ones(10, np.float32), CodecSpec("fp32")).header
+    with pytest.raises(IncompatibleMessage, match=rf"unknown codec 'fp8'; {known}"):
+        check_header(dataclasses.replace(header, codec="fp8"), LIMITS)
+    with pytest.raises(IncompatibleMessage, match="dtype 'float64' is not supported"):
+        check_header(dataclasses.replace(header, dtype="float64"), LIMITS)
+
+
+def test_check_header_checksum_must_fit_in_32_bits() -> None:
+    header = encode(np.ones(10, np.float32), CodecSpec("fp32")).header
+    check_header(dataclasses.replace(header, checksum=(1 << 32) - 1), LIMITS)
+    for checksum in (1 << 32, (1 << 33) - 1):
+        with pytest.raises(CorruptPayload, match="header counts must be non-negative integers"):
+            check_header(dataclasses.replace(header, checksum=checksum), LIMITS)
+
+
+@pytest.mark.parametrize("flags", [{"zstd": 1}, {"shuffle": "no"}], ids=str)
+def test_check_header_flags_must_be_booleans(flags: dict[str, object]) -> None:
+    header = encode(np.ones(10, np.float32), CodecSpec("fp32")).header
+    with pytest.raises(CorruptPayload, match="header zstd/shuffle must be booleans"):
+        check_header(dataclasses.replace(header, **flags), LIMITS)  # type: ignore[arg-type]
+
+
+def test_the_largest_block_size_passes_check_header_and_decodes() -> None:
+    x = np.linspace(-1, 1, 10, dtype=np.float32)
+    encoded = encode(x, CodecSpec("int8", block_size=1 << 20))
+    assert encoded.header.block_size == 1 << 20
+    check_header(encoded.header, LIMITS)
+    y = decode(encoded.header, encoded.payload, limits=LIMITS)
+    assert np.all(np.abs(y - x) <= block_bound(x, 1 << 20, 127))
+
+
+@pytest.mark.parametrize(
+    ("spec", "change"),
+    [
+        (CodecSpec("fp32"), {"shuffle": True}),  # shuffle without zstd
+        (CodecSpec("int8", zstd_level=1), {"shuffle": True}),  # shuffle of a blockwise codec
+    ],
+    ids=["fp32-no-zstd", "int8-zstd"],
+)
+def test_check_header_rejects_shuffle_where_it_cannot_apply(
+    spec: CodecSpec, change: dict[str, object]
+) -> None:
+    header = encode(np.ones(64, np.float32), spec).header
+    with pytest.raises(
+        CorruptPayload, match=f"block_size/shuffle/zstd are inconsistent with codec {spec.name}"
+    ):
+        check_header(dataclasses.replace(header, **change), LIMITS)  # type: ignore[arg-type]
+
+
+def test_check_header_names_the_raw_size_the_counts_imply() -> None:
+    header = encode(np.ones(10, np.float32), CodecSpec("fp32")).header
+    with pytest.raises(CorruptPayload, match="raw_nbytes 41 != 40 implied by"):
+        check_header(dataclasses.replace(header, raw_nbytes=41), LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("out", "error", "message"),
+    [
+        (
+            np.zeros(9, np.float32),
+            CorruptPayload,
+            "payload holds 10 elements, out holds 9: the message does not match the receiver's "
+            "fragment size",
+        ),
+        (np.zeros(10, np.float64), CoreError, "out must be a float32 numpy array"),
+        ([0.0] * 10, CoreError, "out must be a float32 numpy array"),
+        (np.zeros(20, np.float32)[::2], CoreError, "out must be C-contiguous and writable"),
+    ],
+    ids=["size", "float64", "list", "strided"],
+)
+def test_bad_out_buffer_errors_say_what_is_wrong(
+    out: object, error: type[Exception], message: str
+) -> None:
+    encoded = encode(np.ones(10, np.float32), CodecSpec("int8"))
+    with pytest.raises(error, match=f"^{message}$"):
+        decode(encoded.header, encoded.payload, out=out, limits=LIMITS)  # type: ignore[arg-type]
+
+
+def test_payload_errors_say_what_is_wrong() -> None:
+    encoded = encode(np.ones(10, np.float32), CodecSpec("fp32"))
+    payload = bytes(encoded.payload)
+    with pytest.raises(CorruptPayload, match="payload is 41 bytes, header says 40"):
+        decode(encoded.header, payload + b"\0", limits=LIMITS)
+    with pytest.raises(CoreError, match="payload must be bytes-like, got int"):
+        decode(encoded.header, 12, limits=LIMITS)  # type: ignore[arg-type]
+    strided = memoryview(np.frombuffer(payload * 2, np.uint8)[::2])
+    with pytest.raises(CoreError, match=r"^payload must be a contiguous buffer$"):
+        decode(encoded.header, strided, limits=LIMITS)
+
+
+# ----------------------------------------------------------------------------- flat payloads
+
+
+@pytest.mark.parametrize("codec", CODEC_NAMES)
+def test_payload_of_multidimensional_input_is_a_flat_byte_view(codec: str) -> None:
+    x = np.linspace(-1, 1, 200, dtype=np.float32).reshape(10, 20)
+    encoded = encode(x, CodecSpec(codec, block_size=8))  # type: ignore[arg-type]
+    flat = encode(x.reshape(-1), CodecSpec(codec, block_size=8))  # type: ignore[arg-type]
+    assert encoded.payload.format == "B"
+    assert encoded.payload.shape == (encoded.header.raw_nbytes,)
+    assert encoded.header == flat.header
+    assert bytes(encoded.payload) == bytes(flat.payload)
+
+
+@pytest.mark.parametrize("shape", [(3,), (4, 5), (2, 3, 1)], ids=str)
+def test_encode_fp32_view_is_encode_as_a_flat_read_only_byte_view(
+    shape: tuple[int, ...],
+) -> None:
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    view = encode_fp32_view(x)
+    copied = encode(x, CodecSpec("fp32"))
+    assert view.header == copied.header
+    assert view.payload.format == "B" and view.payload.shape == (4 * x.size,)
+    assert view.payload.readonly
+    assert bytes(view.payload) == bytes(copied.payload)
+    np.testing.assert_array_equal(decode(view.header, view.payload, limits=LIMITS), x.reshape(-1))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [np.ones(4, np.float64), np.ones(8, np.float32)[::2], [1.0, 2.0]],
+    ids=["float64", "strided", "list"],
+)
+def test_encode_fp32_view_rejects_what_it_cannot_view(bad: object) -> None:
+    with pytest.raises(
+        CoreError, match=r"^encode_fp32_view needs a C-contiguous float32 numpy array$"
+    ):
+        encode_fp32_view(bad)  # type: ignore[arg-type]
+
+
+def test_encode_fp32_view_refuses_non_finite_input() -> None:
+    message = r"^input holds NaN or Inf; it must not be sent \(never merged\)$"
+    with pytest.raises(NonFiniteValues, match=message):
+        encode_fp32_view(np.array([1.0, np.nan], np.float32))
+
+
+# ----------------------------------------------------------------------------- decode_delta
+
+
+def delta_header(codec: str, n: int, block_size: int) -> TensorHeader:
+    return TensorHeader(codec, n, block_size, zstd=False, shuffle=False, raw_nbytes=0, checksum=0)
+
+
+@pytest.mark.parametrize(
+    ("codec", "n", "block_size", "expected"),
+    [
+        ("int8", 0, 1, True),  # no bytes fit in no bytes
+        ("int8", 2, 1, False),  # 2 scales + 2 codes = 10 bytes > 8
+        ("int8", 2, 2, True),  # 4 + 2 = 6 bytes ≤ 8
+        ("int4", 2, 1, False),
+        ("int8", 1, 8, False),  # 4 + 1 (+ 1 pad) > 4
+        ("int8", 5, 0, False),
+        ("fp32", 10, 0, False),
+        ("bf16", 10, 0, False),
+    ],
+    ids=str,
+)
+def test_keeps_codes_is_whether_scales_and_codes_fit_in_the_float32_bytes(
+    codec: str, n: int, block_size: int, expected: bool
+) -> None:
+    assert keeps_codes(delta_header(codec, n, block_size)) is expected
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_an_empty_blockwise_payload_keeps_its_codes(codec: str) -> None:
+    encoded = encode(np.zeros(0, np.float32), CodecSpec(codec))  # type: ignore[arg-type]
+    assert keeps_codes(encoded.header)
+    delta = decode_delta(encoded.header, encoded.payload, limits=LIMITS)
+    assert isinstance(delta, Blockwise) and delta.size == 0
+
+
+@pytest.mark.parametrize(("codec", "n"), [("fp32", 10), ("bf16", 10), ("int8", 1)])
+def test_decode_delta_without_codes_decodes_into_out(codec: str, n: int) -> None:
+    x = np.linspace(-1, 1, n, dtype=np.float32)
+    encoded = encode(x, CodecSpec(codec))  # type: ignore[arg-type]
+    out = np.full(n, np.nan, np.float32)
+    result = decode_delta(encoded.header, encoded.payload, out=out, limits=LIMITS)
+    assert result is out
+    np.testing.assert_array_equal(out, decode(encoded.header, encoded.payload, limits=LIMITS))
+
+
+@pytest.mark.parametrize(("codec", "block_size"), [("int8", 64), ("int4", 8)])
+@pytest.mark.parametrize("zstd_level", [0, 1])
+def test_decode_delta_keeps_codes_in_an_out_of_any_shape(
+    codec: str, block_size: int, zstd_level: int
+) -> None:
+    x = np.linspace(-1, 1, 1000, dtype=np.float32)
+    spec = CodecSpec(codec, block_size=block_size, zstd_level=zstd_level)  # type: ignore[arg-type]
+    encoded = encode(x, spec)
+    out = np.empty((10, 100), np.float32)
+    delta = decode_delta(encoded.header, encoded.payload, out=out, limits=LIMITS)
+    assert isinstance(delta, Blockwise) and delta.buffer is out
+    reference = decode(encoded.header, encoded.payload, limits=LIMITS)
+    np.testing.assert_array_equal(as_float32(delta).view(np.uint32), reference.view(np.uint32))
+    again = codes_view(encoded.header, out)
+    assert again.codes.tobytes() == delta.codes.tobytes()
+    assert again.scales.tobytes() == delta.scales.tobytes()
+
+
+def test_int8_codes_are_decompressed_straight_into_out() -> None:
+    x = (np.random.default_rng(0).standard_normal(1 << 18) * 1e-3).astype(np.float32)
+    encoded = encode(x, CodecSpec("int8", zstd_level=1))
+    payload = bytes(encoded.payload)
+    out = np.empty(x.size, np.float32)
+    tracemalloc.start()
+    try:
+        decode_delta(encoded.header, payload, out=out, limits=LIMITS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < encoded.header.raw_nbytes // 8  # no temporary copy of the raw bytes
+
+
+# ----------------------------------------------------------------------------- zstd framing
+
+
+def zstd_frame(data: bytes, *, window_log: int = 12) -> bytes:
+    """A zstd frame of ``data`` that declares no content size, with a ``2**window_log`` window."""
+    params = zstandard.ZstdCompressionParameters.from_level(1, window_log=window_log)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return stream.compress(data) + stream.flush()
+
+
+def zstd_header(raw_nbytes: int) -> TensorHeader:
+    return TensorHeader(
+        "fp32", raw_nbytes // 4, 0, zstd=True, shuffle=False, raw_nbytes=raw_nbytes, checksum=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "n", "raw_nbytes", "window_log"),
+    [
+        (CodecSpec("fp32", zstd_level=1), 1024, 4096, 12),
+        (CodecSpec("int8", block_size=256, zstd_level=1), 4033, 4097, 13),
+    ],
+    ids=["fp32-4096", "int8-4097"],
+)
+def test_zstd_window_may_reach_the_raw_size_rounded_up_to_a_power_of_two(
+    spec: CodecSpec, n: int, raw_nbytes: int, window_log: int
+) -> None:
+    x = np.linspace(-1, 1, n, dtype=np.float32)
+    encoded = encode(x, spec)
+    raw = bytes(encode(x, dataclasses.replace(spec, zstd_level=None)).payload)
+    assert encoded.header.raw_nbytes == len(raw) == raw_nbytes
+    reference = decode(encoded.header, encoded.payload, limits=LIMITS)
+    y = decode(encoded.header, zstd_frame(raw, window_log=window_log), limits=LIMITS)
+    np.testing.assert_array_equal(y.view(np.uint32), reference.view(np.uint32))
+    too_wide = zstd_frame(raw, window_log=window_log + 1)
+    with pytest.raises(
+        PayloadTooLarge, match=f"zstd window of {2 << window_log} bytes for {raw_nbytes} raw"
+    ):
+        decode(encoded.header, too_wide, limits=LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("max_decompressed_bytes", "error"), [(8192, CorruptPayload), (8191, PayloadTooLarge)]
+)
+def test_zstd_frame_declaring_another_size_is_too_large_only_beyond_the_limit(
+    max_decompressed_bytes: int, error: type[Exception]
+) -> None:
+    frame = zstandard.ZstdCompressor(level=1).compress(bytes(8192))
+    assert zstandard.get_frame_parameters(frame).content_size == 8192
+    limits = DecodeLimits(max_decompressed_bytes=max_decompressed_bytes)
+    with pytest.raises(error, match="zstd frame declares 8192 bytes, header says 4096"):
+        decode(zstd_header(4096), frame, limits=limits)
+
+
+def reserved_block(frame: bytes) -> bytes:
+    """``frame`` with its first block's type set to 3 (reserved): a corrupt zstd stream."""
+    damaged = bytearray(frame)
+    damaged[6] |= 0b110  # magic (4), frame header descriptor, window descriptor, block header
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize(
+    ("payload", "error", "message"),
+    [
+        (b"not a zstd frame", CorruptPayload, "payload is not a zstd frame: "),
+        (zstd_frame(bytes(100)), CorruptPayload, "zstd data ends after 100 of 4096 bytes"),
+        (
+            zstd_frame(bytes(4097)),
+            PayloadTooLarge,
+            "zstd data decompresses to more than raw_nbytes=4096",
+        ),
+        (reserved_block(zstd_frame(bytes(4096))), CorruptPayload, "zstd data is corrupt: "),
+    ],
+    ids=["not-a-frame", "short", "long", "corrupt"],
+)
+def test_zstd_framing_errors_say_what_is_wrong(
+    payload: bytes, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        decode(zstd_header(4096), payload, limits=LIMITS)
+
+
+def test_a_payload_of_several_zstd_frames_decodes() -> None:
+    x = np.linspace(-1, 1, 1000, dtype=np.float32)
+    encoded = encode(x, CodecSpec("int8", zstd_level=1))
+    raw = bytes(encode(x, CodecSpec("int8")).payload)
+    frames = zstd_frame(raw[:100], window_log=10) + zstd_frame(raw[100:], window_log=10)
+    y = decode(encoded.header, frames, limits=LIMITS)
+    np.testing.assert_array_equal(y, decode(encoded.header, encoded.payload, limits=LIMITS))
