@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from dd_queue.core.anchor import VersionRing, re_anchor
 from dd_queue.core.blockwise import (
     EXACT_SQ_BLOCK,
+    MAX_FOLDED_BLOCK,
     Blockwise,
     CodesSum,
     add_into,
@@ -304,3 +306,127 @@ def test_the_pool_takes_back_the_buffer_that_holds_codes() -> None:
     pool.give([d])
     assert pool.take(1000) is out
     pool.give([Blockwise(np.zeros(4, np.int8), np.zeros(1, np.float32), 8)])  # no buffer: ignored
+
+
+def exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+Q10, S2 = np.zeros(10, np.int8), np.zeros(2, np.float32)
+BAD_BLOCKWISE = [
+    (Q10.astype(np.int16), S2, 8, "Blockwise.codes must be a flat int8 array"),
+    (Q10.reshape(2, 5), S2, 8, "Blockwise.codes must be a flat int8 array"),
+    (Q10, S2.astype(np.float64), 8, "Blockwise.scales must be a flat float32 array"),
+    (Q10, np.zeros(3, np.float32), 8, "10 codes in blocks of 8 need 2 scales, got 3"),
+    (Q10, np.zeros(3, np.float32), 1, "10 codes in blocks of 1 need 10 scales, got 3"),
+    (Q10, np.zeros(10, np.float32), 0, "10 codes in blocks of 0 need 10 scales, got 10"),
+    (Q10, S2, 8.0, "10 codes in blocks of 8.0 need 2.0 scales, got 2"),
+]
+
+
+@pytest.mark.parametrize(("codes", "scales", "block", "message"), BAD_BLOCKWISE)
+def test_blockwise_names_the_array_or_count_that_is_wrong(
+    codes: np.ndarray, scales: np.ndarray, block: object, message: str
+) -> None:
+    with pytest.raises(CoreError, match=exactly(message)):
+        Blockwise(codes, scales, block)  # type: ignore[arg-type]
+
+
+def test_blocks_of_one_element_have_one_scale_each() -> None:
+    d = Blockwise(np.array([1, -2, 3], np.int8), np.array([0.5, 2.0, 4.0], np.float32), 1)
+    assert d.dequantize(0, 3, np.empty(3, np.float32)).tolist() == [0.5, -4.0, 12.0]
+
+
+def test_dequantize_names_the_range_or_the_out_that_does_not_fit() -> None:
+    d = Blockwise(np.zeros(10, np.int8), np.zeros(2, np.float32), 8)
+    with pytest.raises(CoreError, match=exactly("range 3:11 is outside a vector of 10 elements")):
+        d.dequantize(3, 11, np.empty(8, np.float32))
+    with pytest.raises(CoreError, match=exactly("out must be float32 of shape (8,), got (7,)")):
+        d.dequantize(2, 10, np.empty(7, np.float32))
+    with pytest.raises(CoreError, match=exactly("out must be float32 of shape (8,), got (8,)")):
+        d.dequantize(2, 10, np.empty(8, np.float64))  # type: ignore[arg-type]
+
+
+def test_sq_sum_of_blocks_beyond_the_float32_exact_size_is_exact() -> None:
+    """Σ q² = 4095·127² + 126² per block: odd and above 2^24, so no float32 sum can hold it."""
+    block = 4 * EXACT_SQ_BLOCK
+    codes = np.full(2 * block, 127, np.int8)
+    codes[[5, block + 9]] = -126
+    d = Blockwise(codes, np.array([1.0, 2.0], np.float32), block)
+    per_block = (block - 1) * 127**2 + 126**2
+    assert per_block > 2**24 and per_block % 2 == 1
+    assert d.sq_sum(0, 2 * block, np.empty(block, np.float32)) == 5 * per_block
+    edge = Blockwise(np.full(EXACT_SQ_BLOCK, -128, np.int8), np.ones(1, np.float32), EXACT_SQ_BLOCK)
+    assert edge.sq_sum(0, EXACT_SQ_BLOCK, np.empty(EXACT_SQ_BLOCK, np.float32)) == 2.0**24
+
+
+def test_codes_sum_names_a_mixed_group_and_folds_blocks_up_to_the_limit() -> None:
+    def zeros(n: int, block: int) -> Blockwise:
+        return Blockwise(np.zeros(n, np.int8), np.zeros(-(-n // block), np.float32), block)
+
+    mixed = exactly("CodesSum needs codes of one block size and one length")
+    with pytest.raises(CoreError, match=mixed):
+        CodesSum([zeros(100, 8), zeros(100, 16)])
+    with pytest.raises(CoreError, match=mixed):
+        CodesSum([zeros(100, 8), zeros(101, 8)])
+    too_big = exactly(f"block size 8192 is above {MAX_FOLDED_BLOCK}; dequantise instead")
+    with pytest.raises(CoreError, match=too_big):
+        CodesSum([zeros(10_000, 8192)])
+    n = 2 * MAX_FOLDED_BLOCK + 5
+    codes = np.random.default_rng(2).integers(-127, 128, n).astype(np.int8)
+    d = Blockwise(codes, np.array([0.5, 0.25, 2.0], np.float32), MAX_FOLDED_BLOCK)
+    dst = np.empty(n, np.float32)
+    CodesSum([d]).into(dst, np.ones(1, np.float32), 0, n, add=False)
+    assert bits(dst) == bits(as_float32(d))
+
+
+def test_codes_sum_contracts_in_float32() -> None:
+    """127·s1 − 103·s2 = 34.14439 exactly rounded; every float32 order of the two products
+    (with or without FMA) gives 34.144394."""
+    a = Blockwise(np.array([127, 0], np.int8), np.array([1.4237374], np.float32), 8)
+    b = Blockwise(np.array([-103, 0], np.int8), np.array([1.4239831], np.float32), 8)
+    exact = 127 * float(np.float32(1.4237374)) - 103 * float(np.float32(1.4239831))
+    assert np.float32(exact) == np.float32(34.14439)
+    summed = CodesSum([a, b])
+    for add in (False, True):
+        dst = np.zeros(2, np.float32)
+        summed.into(dst, np.ones(2, np.float32), 0, 2, add=add)
+        assert dst.tolist() == [float(np.float32(34.144394)), 0.0]
+
+
+def test_add_into_names_a_mismatched_shape_and_adds_a_partial_last_piece() -> None:
+    d = Blockwise(np.zeros(10, np.int8), np.zeros(2, np.float32), 8)
+    with pytest.raises(
+        CoreError, match=exactly("cannot add 10 elements to an array of shape (9,)")
+    ):
+        add_into(np.zeros(9, np.float32), d)
+    n = (1 << 16) + 100
+    e = encoded(n, "int8", 64)
+    big = decode_delta(e.header, e.payload, limits=LIMITS)
+    assert isinstance(big, Blockwise)
+    dst = np.ones(n, np.float32)
+    add_into(dst, big)
+    assert bits(dst) == bits(np.float32(1) + decode(e.header, e.payload, limits=LIMITS))
+
+
+def test_codes_sum_gives_whole_blocks_the_same_bits_from_any_aligned_start() -> None:
+    """Only a range's own ends cut blocks: the tail of a long range, past several sub-pieces,
+    is bit for bit the range that starts there."""
+    n, block, g = 100_003, 8, 3
+    rng = np.random.default_rng(5)
+    group = [
+        Blockwise(
+            rng.integers(-127, 128, n).astype(np.int8),
+            (rng.random(-(-n // block)) * 1e-3).astype(np.float32),
+            block,
+        )
+        for _ in range(g)
+    ]
+    coefs = (rng.random(g) + 0.1).astype(np.float32)
+    summed = CodesSum(group)
+    full = np.empty(n, np.float32)
+    summed.into(full, coefs, 0, n, add=False)
+    for start in range(0, n, 1024 * block):
+        part = np.empty(n - start, np.float32)
+        summed.into(part, coefs, start, n, add=False)
+        assert bits(part) == bits(full[start:])
