@@ -313,13 +313,10 @@ def _merge(
         pieces = layout.of_segment(int(s))
         if wide[s]:
             sq[s] = _rda_wide(out, vs, aa, norms[:, s], target[s], min_dir * live[s], pieces)
-            if math.isnan(sq[s]):  # the directions cancelled
-                fallback.append(int(s))
-                sq[s] = _accumulate(out, vs, mean_coef, pieces, layout.rda.size)[s]
-        elif math.sqrt(sq[s]) < min_dir * live[s]:
-            fallback.append(int(s))
+        if math.isnan(sq[s]) or (not wide[s] and math.sqrt(sq[s]) < min_dir * live[s]):
+            fallback.append(int(s))  # the directions cancelled: weighted mean
             sq[s] = _accumulate(out, vs, mean_coef, pieces, layout.rda.size)[s]
-        else:
+        elif not wide[s]:
             scale = target[s] / math.sqrt(sq[s])
             if 1.0 / _WIDE <= scale <= _WIDE:
                 for start, stop, _ in pieces:
