@@ -228,11 +228,9 @@ def round_view(plane: ControlPlane, r: RoundRecord) -> RoundView:
     )
 
 
-# The record's fields that the view shows as they are (the rest are renamed or derived above).
+# The record's fields that the view also has (contributors are then replaced by plain dicts).
 _ROUND_FIELDS = tuple(
-    f.name
-    for f in dataclasses.fields(RoundRecord)
-    if f.name in RoundView.model_fields and f.name not in ("contributors",)
+    f.name for f in dataclasses.fields(RoundRecord) if f.name in RoundView.model_fields
 )
 
 
