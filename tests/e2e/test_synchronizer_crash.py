@@ -396,7 +396,15 @@ def test_takeover_owns_every_fragment_within_lease_expiry_plus_one_round(server)
             time.sleep(0.05)
         b = FORK.Process(target=synchronizer_main, args=(cfg, "sync-b", None, 0.0))
         b.start()
-        time.sleep(0.5)
+        # b has started (tried every lease) and a has merged a round since: b stands by
+        deadline = time.monotonic() + 20
+        while b.pid not in {int(e.fields["pid"]) for e in bus.read(STARTED, count=1000)}:
+            assert time.monotonic() < deadline, "sync-b never started"
+            time.sleep(0.01)
+        started = versions_now(bus, cfg)
+        while not all(n > v for n, v in zip(versions_now(bus, cfg), started, strict=True)):
+            assert time.monotonic() < deadline, "sync-a stopped merging once b started"
+            time.sleep(0.05)
         assert owners(bus, cfg) == ["sync-a"] * 3  # b stands by while a lives
         before = versions_now(bus, cfg)
         os.kill(a.pid, signal.SIGKILL)

@@ -296,7 +296,10 @@ def test_stale_lease_holder_cannot_commit(bus, run_id):
     cfg = make_config(run_id, quorum=1, grace_cap_s=0.0, lease_ttl_s=1.0, claim_idle_ms=300)
     a = start(bus, cfg, "sync-a")
     r = announced_round(a, 0)
-    time.sleep(1.2)  # a stalls past its lease (as under SIGSTOP)
+    # a stalls (as under SIGSTOP) until its leases expire in Redis
+    wait_until(
+        lambda: all(bus.get(bus.keys.lease(p)) is None for p in (0, 1)), 5.0, "a's leases to expire"
+    )
     b = start(bus, cfg, "sync-b")
     assert b.owned == {0, 1}
     entry = contribute(
