@@ -157,10 +157,10 @@ def summarize_arrays(
     with np.errstate(over="ignore", invalid="ignore"):  # refused just below, in words
         chip_s = c * (e - s)
         wall = finish - begin
-    if not (np.isfinite(chip_s).all() and np.isfinite(wall)):
+        by_kind = [float(chip_s[k == code].sum()) for code in range(len(INTERVAL_KINDS))]
+    allocated = sum(by_kind)  # finite only if every (non-negative) term and their sums are
+    if not (np.isfinite(chip_s).all() and np.isfinite(wall) and np.isfinite(allocated)):
         raise CoreError("chip-seconds overflow float64: the times or chip counts are too large")
-    by_kind = [float(chip_s[k == code].sum()) for code in range(len(INTERVAL_KINDS))]
-    allocated = float(sum(by_kind))
     training = k == 0
     union = union_length_s(s[training], e[training])
     return GoodputSummary(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -274,7 +276,7 @@ def test_chip_seconds_beyond_float64_are_refused_not_reported_as_full_goodput(
     start_s: float, end_s: float, chips: int
 ) -> None:
     """Finite times whose chip-seconds overflow would give ``min(1, nan) == 1``: refused."""
-    with pytest.raises(CoreError, match=r"chip-seconds overflow float64"):
+    with pytest.raises(CoreError) as err:
         summarize(
             [
                 ChipInterval(
@@ -282,6 +284,31 @@ def test_chip_seconds_beyond_float64_are_refused_not_reported_as_full_goodput(
                 )
             ]
         )
+    assert str(err.value) == (
+        "chip-seconds overflow float64: the times or chip counts are too large"
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("training", "training"), ("training", "down"), ("waiting", "down")]
+)
+def test_totals_beyond_float64_are_refused_though_each_interval_fits(
+    first: str, second: str
+) -> None:
+    """Two intervals of 1e308 chip-seconds each: every one is finite, their sum is not. It
+    used to read goodput 1.0 (two training) or 0.0 (training and down, really 0.5)."""
+    intervals = [
+        ChipInterval(group_id="L0", kind=first, start_s=0.0, end_s=1e308, chips=1),
+        ChipInterval(group_id="L1", kind=second, start_s=0.0, end_s=1e308, chips=1),
+    ]
+    with pytest.raises(CoreError, match="chip-seconds overflow float64"):
+        summarize(intervals)
+    half = [dataclasses.replace(i, end_s=5e307) for i in intervals]  # the sum still fits
+    summary = summarize(half)
+    assert summary.allocated_chip_s == pytest.approx(1e308)
+    assert summary.goodput == pytest.approx(
+        {"training": 1.0, "down": 0.5}[second] if first == "training" else 0.0
+    )
 
 
 @pytest.mark.parametrize("codes", [[0.5], [-0.5], [True], [0.0]])
@@ -328,3 +355,52 @@ def test_float32_times_are_clipped_and_summed_in_float64() -> None:
         chips=np.ones(1, np.int64),
     )
     assert whole.training_chip_s == 99_999_999.0  # float32 arithmetic would round to 1e8
+
+
+def test_group_numbers_beyond_float64_precision_stay_distinct() -> None:
+    """Group numbers may be 64-bit ids (hashes): 2^53 and 2^53 + 1 are two groups, not one."""
+    big = 2**53
+    s = summarize_arrays(**arrays([big, big + 1], [0, 1], [0, 0], [4, 4]))
+    assert (s.training_chip_s, s.waiting_chip_s, s.goodput) == (4.0, 4.0, 0.5)
+    with pytest.raises(CoreError) as err:
+        summarize_arrays(**arrays([big + 1, big + 1], [0, 1], [0, 2], [4, 6]))
+    assert str(err.value) == (
+        f"group {big + 1}: intervals [0, 4] and [2, 6] overlap; a group is in one state at a time"
+    )
+
+
+def extended(values: list[tuple[float, float]]) -> npt.NDArray[np.longdouble]:
+    """``whole + tiny`` in long double, finer than float64 can hold."""
+    return np.array([np.longdouble(whole) + np.longdouble(tiny) for whole, tiny in values])
+
+
+@pytest.mark.skipif(
+    np.finfo(np.longdouble).eps == np.finfo(np.float64).eps,
+    reason="long double is float64 here",
+)
+@pytest.mark.parametrize(
+    ("start", "end", "length"),
+    [
+        ([(1.0, 0.0)], [(1.0, 2.0**-60)], 0.0),  # an end just past its start: rounds onto it
+        ([(1.0, -(2.0**-62))], [(1.0, 0.0)], 0.0),  # a start just before its end: likewise
+        ([(0.0, 0.0), (1.0, -(2.0**-62))], [(1.0, 2.0**-60), (2.0, 0.0)], 2.0),
+    ],
+    ids=["end", "start", "two-intervals"],
+)
+def test_union_length_is_taken_in_float64_whatever_the_input_dtype(
+    start: list[tuple[float, float]], end: list[tuple[float, float]], length: float
+) -> None:
+    """``union_length_s`` reads times as float64, as ``summarize_arrays`` does: long double
+    times give the length of their float64 values, the same as the ledger's training union."""
+    start_s, end_s = extended(start), extended(end)
+    as_f64 = union_length_s(start_s.astype(np.float64), end_s.astype(np.float64))
+    assert as_f64 == length  # not a sliver of 2^-60 s more
+    assert union_length_s(start_s, end_s) == as_f64
+    s = summarize_arrays(
+        group=np.arange(start_s.size),
+        kind=np.zeros(start_s.size, np.int64),
+        start_s=start_s,
+        end_s=end_s,
+        chips=np.ones(start_s.size, np.int64),
+    )
+    assert s.training_union_s == as_f64

@@ -198,6 +198,21 @@ def test_fallback_threshold_is_strict() -> None:
     np.testing.assert_array_equal(result.delta, v)
 
 
+@pytest.mark.parametrize("n_segments", [64, 256, 1024])
+def test_a_contribution_that_is_zero_everywhere_changes_no_segments_path(n_segments: int) -> None:
+    """Its coefficient a_m/‖Δ_m,s‖ is 0 on every segment (0/0 is no direction), so each
+    segment stays a float32 RDA of the two others: the exact radius 0.5 each (‖Δ‖ = 0.5·√S),
+    no fallback, and the direction (1, 1)/√2."""
+    fragment = plan_fragments({f"w{i}": (2,) for i in range(n_segments)}, 1).fragments[0]
+    x = np.tile(f32(1, 0), n_segments)
+    y = np.tile(f32(0, 1), n_segments)
+    zero = np.zeros(2 * n_segments, np.float32)
+    result = merge_weighted([zero, x, y], [2.0, 1.0, 1.0], fragment, rule="rda")
+    assert result.fallback_segments == ()
+    assert result.delta_norm == 0.5 * n_segments**0.5
+    np.testing.assert_allclose(result.delta, 0.5 * 0.5**0.5, rtol=1e-6)
+
+
 def test_small_contributions_that_cancel_fall_back_to_the_mean() -> None:
     x = f32(0.5, 0.25)  # ‖x‖ < 1
     result = merge_weighted([x, -x], [1.0, 1.0], one_tensor(2), rule="rda")

@@ -491,6 +491,33 @@ def test_decision_carries_structured_fields() -> None:
     assert (below.quorum_reached_at_s, below.grace_window_s) == (None, None)
 
 
+def test_decision_carries_the_quorum_it_applied() -> None:
+    """K = 2 kept as asked (no shrink): the decision reports 2, not the default 1."""
+    params = PolicyParams(**{**BASE, "quorum": 2})
+    waiting = decide(0.5, view(("L0", 0.2)), live("L0", "L1", "L2"), params=params, estimates=EST)
+    assert (waiting.kind, waiting.quorum, waiting.quorum_reached_at_s) == ("wait", 2, None)
+    grace = decide(
+        1.5, view(("L0", 0.2), ("L1", 1.0)), live("L0", "L1", "L2"), params=params, estimates=EST
+    )
+    assert (grace.kind, grace.quorum, grace.quorum_reached_at_s) == ("wait", 2, 1.0)
+
+
+def test_a_learner_listed_twice_in_arrivals_does_not_make_a_quorum_time() -> None:
+    """A hand-built view naming L0 twice holds one learner: below K = 2 there is no quorum
+    time, although the arrivals have two entries."""
+    twice = RoundView(
+        fragment_id=0,
+        round_id=8,
+        opened_at_s=0.0,
+        current_version=3,
+        arrivals=(("L0", 1.0), ("L0", 2.0)),
+    )
+    params = PolicyParams(**{**BASE, "quorum": 2})
+    d = decide(2.5, twice, live("L0", "L1"), params=params, estimates=EST)
+    assert (d.kind, d.contributors, d.missing) == ("wait", ("L0",), ("L1",))
+    assert (d.quorum, d.quorum_reached_at_s, d.grace_window_s) == (2, None, None)
+
+
 def test_fake_clock_walkthrough_follows_wake_at() -> None:
     """A round driven as the synchronizer does: admit, decide, sleep until wake_at, merge."""
     clock = FakeClock()
@@ -626,8 +653,14 @@ def test_grace_window_is_clamped_formula(
             "no slack: τ·ξ_step 1 s ≤ ξ_quorum + ξ_sync 1 s",
         ),
         (ROOMY, 2.0, 1.0, "capped at ξ_step; γ·slack = 1 s"),
+        (
+            Estimates().observe(alpha=A, step_s=1.0, quorum_s=0.25, sync_s=0.25),
+            1.0,
+            0.25,
+            "0.5 × slack 0.5 s",
+        ),
     ],
-    ids=["slack-exactly-zero", "wanted-exactly-the-cap"],
+    ids=["slack-exactly-zero", "wanted-exactly-the-cap", "slack-under-a-second"],
 )
 def test_grace_window_boundaries_pick_the_clamp(
     estimates: Estimates, tau: float, seconds: float, note: str
