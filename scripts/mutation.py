@@ -84,6 +84,7 @@ GROUPS = {
             "dd_queue/synchronizer/recovery.py",
             "dd_queue/bus/commit_ops.py",
             "dd_queue/bus/_memory_kv.py",
+            "dd_queue/bus/_redis_kv.py",
         ),
         (
             "tests/unit/test_synchronizer.py",
@@ -118,6 +119,11 @@ class Score:
         return sorted(m for m in self.counted if self.statuses[m] not in KILLED)
 
     @property
+    def stale(self) -> list[str]:
+        """Listed as equivalent, yet killed: the name now points at another mutant."""
+        return sorted(m for m in self.equivalent if self.statuses[m] in KILLED)
+
+    @property
     def score(self) -> float:
         return self.killed / len(self.counted) if self.counted else 0.0
 
@@ -128,6 +134,7 @@ class Score:
             "equivalent": len(self.equivalent & self.statuses.keys()),
             "killed": self.killed,
             "surviving": len(self.survivors),
+            "stale_equivalent": self.stale,
             "score": round(self.score, 4),
             "target": self.group.target,
             "passes": self.score >= self.group.target,
@@ -252,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  survived: {mutant} ({score.statuses[mutant]})")
             if args.survivors:
                 print(re.sub(r"^", "    ", mutmut(workdir, "show", mutant), flags=re.M))
+        for mutant in score.stale:
+            print(f"  stale line in {EQUIVALENT.name}: {mutant} is killed; re-check the function")
     print(table(scores))
     print(f"scratch copies: {base}")
     if args.json:
