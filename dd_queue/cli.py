@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import yaml
 
 from dd_queue import __version__
-from dd_queue.config import load_config
+from dd_queue.config import CONFIG_HELP, load_config
 from dd_queue.errors import DDQError, exit_code
 
 COMMAND_MODULES: tuple[str, ...] = (
@@ -65,7 +65,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_version)
 
     p = sub.add_parser("config", help="validate a config and print it resolved, with its digest")
-    p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument("--config", default="base", help=CONFIG_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of YAML")
     p.set_defaults(func=_cmd_config)
 

@@ -30,11 +30,12 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol, cast
 
 import redis
+from pydantic import SecretStr
 
 from dd_queue.bus import Bus, RedisBus, ops
 from dd_queue.bus._redis_conn import redact_url
 from dd_queue.clock import Clock, SystemClock
-from dd_queue.config import DDQConfig, load_config
+from dd_queue.config import CONFIG_HELP, DDQConfig, load_config
 from dd_queue.errors import DDQError, NotReady, exit_code
 from dd_queue.messages import Heartbeat
 
@@ -58,9 +59,12 @@ class Stop(Protocol):
     def wait(self, timeout: float | None = None) -> object: ...
 
 
-def _redis_missing(url: str) -> str | None:
+def _redis_missing(url: str, password: SecretStr | None) -> str | None:
     client = redis.Redis.from_url(
-        url, socket_connect_timeout=_PROBE_TIMEOUT_S, socket_timeout=_PROBE_TIMEOUT_S
+        url,
+        socket_connect_timeout=_PROBE_TIMEOUT_S,
+        socket_timeout=_PROBE_TIMEOUT_S,
+        password=None if password is None else password.get_secret_value(),
     )
     try:
         client.ping()
@@ -128,7 +132,7 @@ def unmet(needs: Sequence[Need], *, cfg: DDQConfig, bus: Bus | None) -> str | No
         raise ValueError(f"unknown needs {unknown}; choose from {', '.join(NEEDS)}")
     url = cfg.redis.url if bus is None else bus.url if isinstance(bus, RedisBus) else None
     if url is not None:  # a bus on a server (not in memory, not an injected client): PING it
-        missing = _redis_missing(url)
+        missing = _redis_missing(url, cfg.redis.password)
         if missing is not None:
             return missing
     for need in needs:
@@ -202,7 +206,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "wait", help="wait for Redis, the run or a live synchronizer (health checks, scripts)"
     )
-    p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument("--config", default="base", help=CONFIG_HELP)
     p.add_argument(
         "--for",
         dest="needs",

@@ -1,6 +1,6 @@
 """``ddq supervise``: run one service, start it again when it dies, pass signals through.
 
-    python -m dd_queue.supervise --name learner0 -- python -m services.learner --config ...
+    python -m dd_queue.supervise --name learner0 -- python -m dd_queue.services.learner --config ...
     ddq supervise --name learner0 -- ddq learner --config ... --learner-id L0      (the same)
 
 Why: honcho (like foreman) ends the whole formation as soon as one process exits, so a

@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
+from pydantic import SecretStr
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import PythonRespSerializer
 from redis.retry import Retry
@@ -63,6 +64,8 @@ class RedisOptions:
         blob_chunk_bytes: Largest Redis value a payload is split into.
         health_check_interval_s: PING connections idle this long before reuse (0: off).
         max_connections: Pool size of each client.
+        password: Redis AUTH password (``AUTH <user> <password>`` with the URL's user name);
+            a secret type, so it never shows in a repr, a log or an error.
     """
 
     socket_timeout_s: float = 10.0
@@ -76,6 +79,7 @@ class RedisOptions:
     blob_chunk_bytes: int = DEFAULT_CHUNK_BYTES
     health_check_interval_s: float = 30.0
     max_connections: int = 64
+    password: SecretStr | None = None
 
     def __post_init__(self) -> None:
         for name in ("socket_timeout_s", "connect_timeout_s", "blob_socket_timeout_s",
@@ -93,6 +97,22 @@ class RedisOptions:
                 f"({self.max_block_ms} ms) by at least {_BLOCK_MARGIN_MS} ms; otherwise every "
                 "blocking read times out on the socket and a dead server is noticed only late"
             )
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """``(url without its password, the password)``; the user name stays in the URL.
+
+    ``redis://alice:s3cret@host:6379/0`` gives ``("redis://alice@host:6379/0", "s3cret")``
+    (percent-escapes decoded, as redis-py decodes them); a URL without one gives ``(url, None)``.
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}@{hostport}" if user else hostport
+    stripped = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return stripped, unquote(parts.password)
 
 
 def redact_url(url: str) -> str:
@@ -137,6 +157,7 @@ def _client(
         health_check_interval=options.health_check_interval_s,
         max_connections=options.max_connections,
         client_name=f"ddq-{name}",
+        password=None if options.password is None else options.password.get_secret_value(),
         **extra,
     )
 

@@ -7,7 +7,15 @@ See :mod:`dd_queue.config.schema` for the sections and :mod:`dd_queue.config.loa
 precedence of files and ``DDQ__SECTION__FIELD`` overrides.
 """
 
-from dd_queue.config.loader import ENV_PREFIX, load_config, validate_config
+from dd_queue.config.loader import (
+    CONFIG_HELP,
+    ENV_PREFIX,
+    PRESETS,
+    config_path,
+    load_config,
+    preset_names,
+    validate_config,
+)
 from dd_queue.config.schema import (
     ControlConfig,
     DataConfig,
@@ -24,7 +32,9 @@ from dd_queue.config.schema import (
 )
 
 __all__ = [
+    "CONFIG_HELP",
     "ENV_PREFIX",
+    "PRESETS",
     "ControlConfig",
     "DDQConfig",
     "DataConfig",
@@ -37,6 +47,8 @@ __all__ = [
     "RunConfig",
     "SynchronizerConfig",
     "WireConfig",
+    "config_path",
     "load_config",
+    "preset_names",
     "validate_config",
 ]

@@ -5,6 +5,10 @@ Precedence, lowest first: model defaults < YAML file (and the files it ``extends
 
 - ``load_config(path, environ)`` reads ``path``; a top-level ``extends: base.yaml`` (relative to
   the file) loads that file first and deep-merges this one over it.
+- A bare name such as ``demo`` (no directory, no suffix, no such file here) is a config that
+  ships in the package (``dd_queue/config/presets/``: ``base``, ``demo``, ``test``), as
+  ``--config demo`` or ``extends: base``. ``extends: base.yaml`` with no ``base.yaml`` next to
+  the file also means the packaged one, so a config written outside a checkout can build on it.
 - ``DDQ__SYNCHRONIZER__QUORUM=2`` overrides ``synchronizer.quorum``; the value is parsed as a YAML
   scalar (``true``, ``2.5``, ``null``, ``[a, b]``), except that text fields stay text. An override
   naming an unknown key is an error.
@@ -28,19 +32,48 @@ from dd_queue.errors import ConfigError
 from dd_queue.validation import validate_model
 
 ENV_PREFIX = "DDQ__"
+PRESETS = Path(__file__).resolve().parent / "presets"
+"""The configs that ship in the package (``--config demo``)."""
+
+
+CONFIG_HELP = "YAML file, or a packaged config's name: base, demo, test (default: %(default)s)"
+"""``--config`` help, the same in every command."""
+
+
+def preset_names() -> list[str]:
+    """Names of the packaged configs, sorted."""
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def config_path(path: str | Path) -> Path:
+    """The file ``path`` names: itself, or the packaged config of that bare name.
+
+    Raises:
+        ConfigError: a bare name that is neither a file here nor a packaged config.
+    """
+    given = Path(path)
+    if given.exists() or given.suffix or len(given.parts) != 1:
+        return given
+    preset = PRESETS / f"{given.name}.yaml"
+    if preset.is_file():
+        return preset
+    raise ConfigError(
+        f"config {str(path)!r} is neither a file nor a packaged config "
+        f"(packaged: {', '.join(preset_names())})"
+    )
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> DDQConfig:
     """Load ``path`` (following ``extends``), apply ``DDQ__`` overrides, validate.
 
     Args:
-        path: A YAML file, e.g. ``config/demo.yaml``.
+        path: A YAML file, e.g. ``config/demo.yaml``, or a packaged config's name (``demo``).
         environ: Variables to read ``DDQ__SECTION__FIELD`` overrides from (``None``: none).
 
     Raises:
         ConfigError: unreadable file, bad YAML, unknown key, invalid value or override.
     """
-    raw = _read_yaml_tree(Path(path), seen=())
+    raw = _read_yaml_tree(config_path(path), seen=())
     for name, value in sorted((environ or {}).items()):
         if name.startswith(ENV_PREFIX):
             _apply_override(raw, name, value)
@@ -73,8 +106,19 @@ def _read_yaml_tree(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
         return loaded
     if not isinstance(parent, str):
         raise ConfigError(f"config {path}: 'extends' must be a file name, got {parent!r}")
-    base = _read_yaml_tree(path.parent / parent, seen=(*seen, resolved))
+    base = _read_yaml_tree(_parent_path(path, parent), seen=(*seen, resolved))
     return _deep_merge(base, loaded)
+
+
+def _parent_path(path: Path, parent: str) -> Path:
+    """``extends: parent`` of ``path``: next to it, else the packaged config of that name."""
+    beside = path.parent / parent
+    if beside.exists():
+        return beside
+    stem = parent.removesuffix(".yaml")
+    if Path(stem).name == stem and (PRESETS / f"{stem}.yaml").is_file():
+        return PRESETS / f"{stem}.yaml"
+    return beside  # reading it reports the missing file
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

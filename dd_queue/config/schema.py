@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Literal, Self
+from pathlib import Path
+from typing import Any, Literal, Self, get_args
 
 from pydantic import (
     BaseModel,
@@ -22,6 +23,7 @@ from pydantic import (
 )
 
 from dd_queue.bus import RedisOptions
+from dd_queue.bus._redis_conn import split_password
 from dd_queue.core.codec import CodecSpec, DecodeLimits
 from dd_queue.core.fragments import DEFAULT_EMBEDDING_PATTERNS
 from dd_queue.core.membership import MembershipParams
@@ -37,6 +39,37 @@ MiB = 1024 * 1024
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def _secret_from_file(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """``data`` with ``name`` read from the file ``<name>_file`` names (one trailing newline
+    dropped), as Docker and Kubernetes mount secrets. Both given must agree, so a loaded
+    config validates again unchanged."""
+    path = data.get(f"{name}_file")
+    if path is None:
+        return data
+    try:
+        secret = Path(path).read_text(encoding="utf-8").removesuffix("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name}_file {str(path)!r} cannot be read: {exc}") from None
+    given = data.get(name)
+    if given is not None:
+        value = given.get_secret_value() if isinstance(given, SecretStr) else given
+        if value != secret:
+            raise ValueError(f"{name} is given twice ({name} and {name}_file): keep one")
+    return {**data, name: secret}
+
+
+def secret_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of every secret field (typed ``SecretStr``) of ``model``, set or not."""
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out += secret_paths(kind, f"{prefix}{name}.")
+        elif SecretStr in (kind, *get_args(kind)):
+            out.append(f"{prefix}{name}")
+    return out
 
 
 class RunConfig(_Section):
@@ -68,7 +101,16 @@ class RunConfig(_Section):
 class RedisConfig(_Section):
     """Where the bus lives and how it behaves when Redis is slow or gone."""
 
-    url: str = Field("redis://127.0.0.1:6379/0", description="Redis (>= 7.0) or Valkey URL.")
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis (>= 7.0) or Valkey URL; a password in it moves to redis.password.",
+    )
+    password: SecretStr | None = Field(
+        None, description="Redis AUTH password (with the URL's user name); never printed."
+    )
+    password_file: Path | None = Field(
+        None, description="Read redis.password from this file (a Docker/Kubernetes secret)."
+    )
     socket_timeout_s: float = Field(
         10.0, gt=0, description="Read timeout of control and reader connections."
     )
@@ -103,6 +145,23 @@ class RedisConfig(_Section):
     stream_maxlen: int = Field(
         10_000, ge=16, description="Approximate length cap of every stream (MAXLEN ~)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        url = data.get("url")
+        if isinstance(url, str):
+            stripped, password = split_password(url)
+            if password is not None:
+                if data.get("password") is not None or data.get("password_file") is not None:
+                    raise ValueError(
+                        "the Redis password is given twice (in url and in password or "
+                        "password_file): keep one"
+                    )
+                data = {**data, "url": stripped, "password": password}
+        return _secret_from_file(data, "password")
 
     @model_validator(mode="after")
     def _check_block(self) -> Self:
@@ -414,8 +473,25 @@ class ControlConfig(_Section):
         description="Bearer token of the mutating routes (faults, chaos); null = generate one "
         "at start (logged once) and keep writes off unless enable_writes.",
     )
+    admin_token_file: Path | None = Field(
+        None, description="Read control.admin_token from this file (a Docker/Kubernetes secret)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_file(cls, data: Any) -> Any:
+        return _secret_from_file(data, "admin_token") if isinstance(data, dict) else data
+
     enable_writes: bool = Field(
         False, description="With no admin_token: allow writes with the generated token."
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host names served besides loopback and the bind address (DNS rebinding "
+        "guard: any other Host header gets 400).",
+    )
+    max_body_bytes: int = Field(
+        16384, ge=256, le=1024 * 1024, description="Larger request bodies get 413, unread."
     )
     refresh_s: float = Field(
         1.0, gt=0, le=60, description="Seconds between refreshes (dashboard, SSE, chaos ticks)."
@@ -480,10 +556,15 @@ class DDQConfig(_Section):
         return self
 
     def public_dict(self) -> dict[str, Any]:
-        """The resolved config as plain JSON-able data, secrets redacted."""
+        """The resolved config as plain JSON-able data, every secret that is set shown as ***."""
         data = self.model_dump(mode="json")
-        if self.control.admin_token is not None:
-            data["control"]["admin_token"] = "***"
+        for path in secret_paths(DDQConfig):
+            *parents, leaf = path.split(".")
+            node = data
+            for key in parents:
+                node = node[key]
+            if node[leaf] is not None:
+                node[leaf] = "***"
         return data
 
     @property
@@ -508,6 +589,8 @@ class DDQConfig(_Section):
     def digest(self) -> str:
         """Stable sha256 (hex, 16 chars) of the resolved config without secrets."""
         data = self.model_dump(mode="json")
-        data["control"].pop("admin_token", None)
+        for path in secret_paths(DDQConfig):
+            section, leaf = path.split(".")
+            data[section].pop(leaf)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from dd_queue.config import load_config
+from dd_queue.config import CONFIG_HELP, load_config
 
 __all__ = ["register"]
 
@@ -14,7 +14,7 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     """Add the ``control`` subcommand to the ``ddq`` parser."""
     p = sub.add_parser("control", help="serve the control plane API and dashboard")
-    p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument("--config", default="base", help=CONFIG_HELP)
     p.set_defaults(func=_cmd_control)
 
 

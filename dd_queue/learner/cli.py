@@ -1,4 +1,4 @@
-"""``ddq learner``: run one learner process (the same as ``python -m services.learner``).
+"""``ddq learner``: run one learner process (the same as ``python -m dd_queue.services.learner``).
 
 ddq learner --config config/demo.yaml --learner-id L0
 """
@@ -29,7 +29,9 @@ def register(subparsers: Any) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The learner's two command-line flags (everything else lives in the YAML config)."""
-    parser.add_argument("--config", required=True, help="YAML config, e.g. config/demo.yaml")
+    parser.add_argument(
+        "--config", required=True, help="YAML file, or a packaged config's name: base, demo, test"
+    )
     parser.add_argument("--learner-id", required=True, help="this learner's id, e.g. L0")
 
 

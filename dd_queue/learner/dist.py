@@ -6,7 +6,7 @@ ranks agree, in one ``all_reduce`` of a small int64 vector, on the tokens traine
 ranks), whether to stop, and which global fragments rank 0 applies; each fragment to apply is
 then broadcast from rank 0. Contributions are computed from rank 0's replica alone.
 
-    torchrun --nproc-per-node 2 -m services.learner --config config/demo.yaml --learner-id L0
+    torchrun --nproc-per-node 2 -m dd_queue.services.learner --config demo --learner-id L0
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The learner process: build, join, train on the main thread, pump on two background threads.
 
     ddq learner --config config/demo.yaml --learner-id L0
-    python -m services.learner --config config/demo.yaml --learner-id L0
-    torchrun --nproc-per-node 2 -m services.learner --config config/demo.yaml --learner-id L0
+    python -m dd_queue.services.learner --config config/demo.yaml --learner-id L0
+    torchrun --nproc-per-node 2 -m dd_queue.services.learner --config demo --learner-id L0
 
 At start rank 0 waits for Redis (``dd_queue.startup``, ``run.start_timeout_s``), then for the
 synchronizer's global model (``learner.join_timeout_s``), logging what it waits for; a

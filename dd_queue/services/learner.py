@@ -1,7 +1,7 @@
 """Learner entry point.
 
-    python -m services.learner --config config/demo.yaml --learner-id L0
-    torchrun --nproc-per-node 2 -m services.learner --config config/demo.yaml --learner-id L0
+    python -m dd_queue.services.learner --config config/demo.yaml --learner-id L0
+    torchrun --nproc-per-node 2 -m dd_queue.services.learner --config demo --learner-id L0
 
 Joins the run named in the config, waits for the synchronizer's global model, trains, and
 publishes fragment contributions until ``learner.max_steps`` or a signal (first: finish the
@@ -23,7 +23,9 @@ from dd_queue.learner.service import run
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``--config`` and ``--learner-id``, run the learner; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="services.learner", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="dd_queue.services.learner", description=__doc__.split("\n")[0]
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -1,6 +1,6 @@
 """The synchronizer process (as the Procfile starts it).
 
-    python -m services.synchronizer --config config/demo.yaml [--id sync-0]
+    python -m dd_queue.services.synchronizer --config config/demo.yaml [--id sync-0]
         [--allow-config-change] [--init-from model.safetensors]
 
 The same as ``ddq synchronizer``: builds the synchronizer from the config, pumps until the first
@@ -11,8 +11,15 @@ See ``dd_queue/synchronizer/service.py``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
-from dd_queue.cli import main
+from dd_queue import cli
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``ddq synchronizer`` with these arguments (default: the command line's); the exit code."""
+    return cli.main(["synchronizer", *(sys.argv[1:] if argv is None else argv)])
+
 
 if __name__ == "__main__":
-    raise SystemExit(main(["synchronizer", *sys.argv[1:]]))
+    raise SystemExit(main())

@@ -16,14 +16,14 @@ import threading
 from typing import Any
 
 from dd_queue.bus import RedisBus
-from dd_queue.config import load_config
+from dd_queue.config import CONFIG_HELP, load_config
 from dd_queue.log import setup_logging
 
 __all__ = ["register"]
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="config/base.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument("--config", default="base", help=CONFIG_HELP)
 
 
 def register(sub: Any) -> None:

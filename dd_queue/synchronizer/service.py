@@ -2,7 +2,7 @@
 
     ddq synchronizer --config config/demo.yaml [--id sync-0] [--allow-config-change]
                      [--init-from model.safetensors]
-    python -m services.synchronizer --config config/demo.yaml        (the same)
+    python -m dd_queue.services.synchronizer --config config/demo.yaml        (the same)
 
 At start it waits for Redis (``dd_queue.startup``, up to ``run.start_timeout_s``), logging what
 it waits for. The first SIGTERM or SIGINT finishes the current iteration, releases the leases

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dd_queue.config import DDQConfig, load_config
+from dd_queue.config import CONFIG_HELP, DDQConfig, config_path, load_config
 from dd_queue.up.run import UpOptions, run_up
 from dd_queue.up.servers import INSTALL_HINT, find_server
 from dd_queue.up.summary import Summary, format_summary, summary_json
@@ -53,7 +53,7 @@ def _learners(text: str) -> int:
 def register(sub: Any) -> None:
     """Add the ``up`` subcommand to the ``ddq`` parser."""
     p = sub.add_parser("up", help="start a local run (redis, synchronizer, learners, control)")
-    p.add_argument("--config", default="config/demo.yaml", help="YAML file (default: %(default)s)")
+    p.add_argument("--config", default="demo", help=CONFIG_HELP)
     p.add_argument("--learners", type=_learners, default=3, help="learners (default: %(default)s)")
     p.add_argument(
         "--duration",
@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
 def options_from_args(args: argparse.Namespace) -> UpOptions:
     """The parsed arguments as :class:`UpOptions`."""
     return UpOptions(
-        config=Path(args.config),
+        config=config_path(args.config),
         learners=args.learners,
         duration_s=float(args.duration),
         chaos=args.chaos,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from pydantic import SecretStr
 
 from dd_queue.core.restarts import RestartPolicy, decide_restart
 from dd_queue.errors import DDQError
@@ -186,11 +187,17 @@ class RedisServer:
         binary: redis-server path.
         directory: Data and log directory (the run dir).
         port: Port, or 0 for a free one.
+        password: Require this password (``requirepass``). It reaches the server on its
+            standard input, never on its command line (which ``ps`` shows to every user) nor
+            in a file.
     """
 
-    def __init__(self, binary: str, directory: Path, port: int = 0) -> None:
+    def __init__(
+        self, binary: str, directory: Path, port: int = 0, password: SecretStr | None = None
+    ) -> None:
         self.binary, self.dir = binary, directory
         self.port = port or free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -204,13 +211,23 @@ class RedisServer:
         Raises:
             DDQError: It exited or did not answer in time (the message has its log tail).
         """
+        argv = redis_command(self.binary, self.port, self.dir)
+        secret = None if self.password is None else self.password.get_secret_value()
+        if secret is not None:
+            argv.insert(1, "-")  # the rest of the config from stdin
         self.proc = subprocess.Popen(
-            redis_command(self.binary, self.port, self.dir),
+            argv,
+            stdin=subprocess.DEVNULL if secret is None else subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches ddq up, which stops Redis last
         )
-        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
+        if secret is not None and self.proc.stdin is not None:
+            quoted = secret.replace("\\", "\\\\").replace('"', '\\"')
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.write(f'requirepass "{quoted}"\n'.encode())
+            self.proc.stdin.close()
+        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, password=secret)
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
@@ -247,8 +264,8 @@ class RedisServer:
 
 
 def service_argv(module: str, config: Path, *extra: str) -> list[str]:
-    """``python -m services.<module> --config <config> ...`` with this interpreter."""
-    return [sys.executable, "-m", f"services.{module}", "--config", str(config), *extra]
+    """``python -m dd_queue.services.<module> --config <config> ...`` with this interpreter."""
+    return [sys.executable, "-m", f"dd_queue.services.{module}", "--config", str(config), *extra]
 
 
 def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:

@@ -126,9 +126,15 @@ def _out(line: str) -> None:
     sys.stdout.flush()
 
 
-def access_lines(port: int, token: str) -> list[str]:
-    """The dashboard URL, the admin token and a curl example, as ``ddq up`` prints them."""
+def access_lines(port: int, token: str | None) -> list[str]:
+    """The dashboard URL, the admin token and a curl example, as ``ddq up`` prints them.
+
+    ``token`` is None when it is the user's own (``control.admin_token``, or its file): a
+    configured secret is never printed, only a token generated for this run.
+    """
     url = f"http://127.0.0.1:{port}/"
+    if token is None:
+        token = "<control.admin_token>"
     return [
         f"ddq up: dashboard {url}  admin token {token}",
         "ddq up: e.g. curl -X POST -H 'Authorization: Bearer "
@@ -169,10 +175,19 @@ def start_chaos(port: int, token: str, duration_s: float) -> str:
 class _Up:
     """One ``ddq up`` run (see :func:`run_up`)."""
 
-    def __init__(self, cfg: DDQConfig, opts: UpOptions, redis: RedisServer, env: dict[str, str]):
+    def __init__(
+        self,
+        cfg: DDQConfig,
+        opts: UpOptions,
+        redis: RedisServer,
+        env: dict[str, str],
+        *,
+        token_generated: bool,
+    ):
         self.cfg, self.opts, self.redis = cfg, opts, redis
         self.config = opts.config.resolve()
         self.token = env["DDQ__CONTROL__ADMIN_TOKEN"]
+        self.token_generated = token_generated
         self.port = int(env["DDQ__CONTROL__PORT"])
         self.children = Children(redis.dir, env, Path.cwd())
         ids = [f"L{i}" for i in range(opts.learners)]
@@ -193,7 +208,7 @@ class _Up:
         self.children.start("control", _command("control", self.config))
         _out(f"ddq up: run {self.cfg.run.run_id} in {self.redis.dir} (logs: <name>.log there)")
         _out(f"ddq up: redis {self.redis.url} (AOF on); {len(self.summary.learners)} learners")
-        for line in access_lines(self.port, self.token):
+        for line in access_lines(self.port, self.token if self.token_generated else None):
             _out(line)
 
     def tick(self, started: float, note: Callable[[str], None] = _out) -> None:
@@ -269,17 +284,19 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
     """
     signals = _Signals().install()
     run_dir = make_run_dir(opts.runs_dir, cfg.run.run_id)
-    redis = RedisServer(binary, run_dir).start()
-    env = child_env(
-        environ,
-        {
-            "DDQ__REDIS__URL": redis.url,
-            "DDQ__CONTROL__PORT": str(pick_port(opts.port, cfg.control.port)),
-            "DDQ__CONTROL__ADMIN_TOKEN": environ.get("DDQ__CONTROL__ADMIN_TOKEN")
-            or secrets.token_urlsafe(24),
-        },
-    )
-    up = _Up(cfg, opts, redis, env)
+    redis = RedisServer(binary, run_dir, password=cfg.redis.password).start()
+    given = cfg.control.admin_token
+    overrides = {
+        "DDQ__REDIS__URL": redis.url,
+        "DDQ__CONTROL__PORT": str(pick_port(opts.port, cfg.control.port)),
+        "DDQ__CONTROL__ADMIN_TOKEN": secrets.token_urlsafe(24)
+        if given is None
+        else given.get_secret_value(),
+    }
+    if cfg.redis.password is not None:  # a password in the user's URL is not in redis.url
+        overrides["DDQ__REDIS__PASSWORD"] = cfg.redis.password.get_secret_value()
+    env = child_env(environ, overrides)
+    up = _Up(cfg, opts, redis, env, token_generated=given is None)
     try:
         up.start()
         watch_until_done(up, opts, signals)

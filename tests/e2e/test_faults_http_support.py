@@ -117,13 +117,13 @@ class System:
         return proc
 
     def start_learner(self, learner_id: str) -> subprocess.Popen[bytes]:
-        return self.spawn(learner_id, "services.learner", "--learner-id", learner_id)
+        return self.spawn(learner_id, "dd_queue.services.learner", "--learner-id", learner_id)
 
     def start(self) -> System:
-        self.spawn("synchronizer", "services.synchronizer")
+        self.spawn("synchronizer", "dd_queue.services.synchronizer")
         for learner in LEARNERS:
             self.start_learner(learner)
-        self.spawn("control", "services.control_plane")
+        self.spawn("control", "dd_queue.services.control_plane")
         wait_until(lambda: self.http.get("/readyz").status_code == 200, 120, "/readyz")
         wait_until(
             lambda: (

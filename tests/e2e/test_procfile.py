@@ -32,10 +32,10 @@ def test_procfile_runs_redis_with_aof_and_every_service() -> None:
     assert set(procs) == {"redis", *SERVICES}
     assert "--appendonly yes" in procs["redis"] and "noeviction" in procs["redis"]
     for i in range(3):
-        assert "services.learner --config" in procs[f"learner{i}"]
+        assert "dd_queue.services.learner --config" in procs[f"learner{i}"]
         assert procs[f"learner{i}"].endswith(f"--learner-id L{i}")
-    assert "services.synchronizer" in procs["synchronizer"]
-    assert "services.control_plane" in procs["control"]
+    assert "dd_queue.services.synchronizer" in procs["synchronizer"]
+    assert "dd_queue.services.control_plane" in procs["control"]
     for name, command in procs.items():  # one dead process must not end the formation
         assert "python -m dd_queue.supervise --name" in command, name
     assert "--stop-delay-s" in procs["redis"]  # services flush before Redis stops
@@ -55,6 +55,16 @@ def test_compose_has_healthy_redis_and_the_same_services() -> None:
     check = services["synchronizer"]["healthcheck"]["test"]
     assert check[:3] == ["CMD", "ddq", "wait"] and "synchronizer" in check
     assert "healthcheck" in services["control"]
+
+
+def test_the_image_installs_the_package_alone_and_runs_unprivileged() -> None:
+    lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines() if line]
+    users = [words[1] for words in lines if words[0] == "USER"]
+    assert users and users[-1] not in ("root", "0"), users
+    copied = {words[1] for words in lines if words[0] == "COPY"}
+    assert copied == {"pyproject.toml", "dd_queue"}  # services and configs ship in the package
+    compose = (ROOT / "compose.yaml").read_text()
+    assert "config/" not in compose and "-m services." not in compose
 
 
 def test_docker_compose_config_passes() -> None:

@@ -82,7 +82,7 @@ class Run:
             )
 
     def learner(self, lid: str) -> None:
-        self.spawn(lid, "services.learner", "--learner-id", lid)
+        self.spawn(lid, "dd_queue.services.learner", "--learner-id", lid)
 
     def rounds(self) -> list[tuple[str, RoundRecord]]:
         limits, found = self.cfg.wire.message_limits(), []
@@ -161,7 +161,7 @@ def test_learner_sync_and_redis_crashes(tmp_path: Path) -> None:
 
 
 def _exercise(run: Run) -> None:
-    run.spawn("synchronizer", "services.synchronizer")
+    run.spawn("synchronizer", "dd_queue.services.synchronizer")
     for lid in LEARNERS:
         run.learner(lid)
     poll(lambda: all(run.merged_by(x) for x in LEARNERS), 150, "every learner contributing")
@@ -178,7 +178,7 @@ def _exercise(run: Run) -> None:
 
     run.procs["synchronizer"].kill()  # kill -9 the synchronizer, then restart it
     run.procs["synchronizer"].wait()
-    run.spawn("synchronizer", "services.synchronizer")
+    run.spawn("synchronizer", "dd_queue.services.synchronizer")
     before = {rid for rid, _ in run.rounds()}
     poll(lambda: run.merged_by("L2", frozenset(before)), 90, "merging after the restart")
 

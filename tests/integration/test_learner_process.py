@@ -1,5 +1,5 @@
-"""The learner as a real process (``python -m services.learner`` / ``ddq learner``) on a real
-redis-server: joins, trains, publishes, leaves cleanly on SIGTERM, exits at once on a kill
+"""The learner as a real process (``python -m dd_queue.services.learner`` / ``ddq learner``) on a
+real redis-server: joins, trains, publishes, leaves cleanly on SIGTERM, exits at once on a kill
 fault, and refuses a learner id that is already live."""
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def setup(redis_server: RedisProcess, tmp_path: Path) -> Iterator[tuple[DDQConfi
         bus.close()
 
 
-def start(path: Path, *args: str, module: str = "services.learner") -> subprocess.Popen[str]:
+def start(
+    path: Path, *args: str, module: str = "dd_queue.services.learner"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", module, *args, "--config", str(path), "--learner-id", "L0"],
         cwd=ROOT,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pydantic
@@ -10,7 +11,15 @@ import pytest
 import yaml
 
 from dd_queue.cli import main as ddq_main
-from dd_queue.config import DDQConfig, load_config, validate_config
+from dd_queue.config import (
+    PRESETS,
+    DDQConfig,
+    config_path,
+    load_config,
+    preset_names,
+    validate_config,
+)
+from dd_queue.config.schema import secret_paths
 from dd_queue.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
@@ -55,6 +64,55 @@ def test_base_yaml_states_the_model_defaults():
 def test_shipped_configs_validate(name):
     cfg = load_config(CONFIG_DIR / name)
     assert len(cfg.digest) == 16
+
+
+def test_the_checkout_config_dir_shows_the_packaged_configs():
+    """``config/{base,demo,test}.yaml`` are the packaged files (one copy, shipped in the wheel)."""
+    assert preset_names() == ["base", "demo", "test"]
+    for name in preset_names():
+        assert (CONFIG_DIR / f"{name}.yaml").resolve() == (PRESETS / f"{name}.yaml").resolve()
+
+
+def test_a_bare_name_is_a_packaged_config_unless_a_file_has_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert config_path("demo") == PRESETS / "demo.yaml"
+    assert load_config("demo") == load_config(CONFIG_DIR / "demo.yaml")
+    (tmp_path / "demo").write_text("run: {run_id: mine}\n")
+    assert config_path("demo") == Path("demo")
+    assert load_config("demo").run.run_id == "mine"
+    assert config_path("demo.yaml") == Path("demo.yaml")  # a suffix or a directory: a path
+    assert config_path("sub/demo") == Path("sub/demo")
+    with pytest.raises(ConfigError, match=r"cannot read config demo\.yaml"):
+        load_config("demo.yaml")
+
+
+def test_an_unknown_bare_name_lists_the_packaged_configs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"'demoo' is neither a file nor a packaged config "):
+        load_config("demoo")
+    with pytest.raises(ConfigError, match=r"\(packaged: base, demo, test\)"):
+        config_path("demoo")
+
+
+@pytest.mark.parametrize("parent", ["base.yaml", "base"])
+def test_extends_falls_back_to_the_packaged_config(tmp_path, parent):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"extends: {parent}\nlearner: {{max_steps: 7}}\n")
+    cfg = load_config(mine)
+    assert cfg.learner.max_steps == 7
+    assert cfg.model_copy(update={"learner": DDQConfig().learner}) == DDQConfig()
+
+
+def test_extends_prefers_the_file_beside_and_names_a_missing_one(tmp_path):
+    (tmp_path / "base.yaml").write_text("run: {run_id: beside}\n")
+    (tmp_path / "mine.yaml").write_text("extends: base.yaml\n")
+    assert load_config(tmp_path / "mine.yaml").run.run_id == "beside"
+    (tmp_path / "other.yaml").write_text("extends: nosuch.yaml\n")
+    with pytest.raises(ConfigError, match=r"cannot read config .*nosuch\.yaml"):
+        load_config(tmp_path / "other.yaml")
+    (tmp_path / "deep.yaml").write_text("extends: ../base\n")  # a directory part: no fallback
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "deep.yaml")
 
 
 def test_derived_file_overrides_only_what_it_names():
@@ -277,3 +335,76 @@ def test_run_digest_ignores_what_may_differ_between_machines():
         {"run": {"run_id": "other"}},
     ):
         assert validate_config(change).run_digest != base.run_digest
+
+
+SECRET = "s3cret-pw-0123456789"
+
+
+def test_a_password_in_the_url_becomes_a_secret_never_printed(capsys, monkeypatch):
+    cfg = validate_config({"redis": {"url": f"redis://alice:{SECRET}@db:6379/0"}})
+    assert cfg.redis.url == "redis://alice@db:6379/0"
+    assert cfg.redis.password is not None and cfg.redis.password.get_secret_value() == SECRET
+    assert cfg.redis.options().password == cfg.redis.password
+    assert SECRET not in repr(cfg) + str(cfg) + repr(cfg.redis.options())
+    assert SECRET not in json.dumps(cfg.public_dict())
+    assert cfg.public_dict()["redis"]["password"] == "***"
+    assert validate_config(cfg.model_dump()) == cfg  # validates again unchanged
+    monkeypatch.setenv("DDQ__REDIS__URL", f"redis://:{SECRET}@db:6379/0")
+    for argv in (["config"], ["config", "--json"]):
+        assert ddq_main([*argv, "--config", str(CONFIG_DIR / "demo.yaml")]) == 0
+        out = capsys.readouterr()
+        assert SECRET not in out.out + out.err
+        assert "redis://db:6379/0" in out.out and "***" in out.out
+
+
+def test_percent_escapes_of_a_url_password_are_decoded():
+    cfg = validate_config({"redis": {"url": "rediss://bob:p%40ss%3Aw@db/2"}})
+    assert cfg.redis.url == "rediss://bob@db/2"
+    assert cfg.redis.password is not None and cfg.redis.password.get_secret_value() == "p@ss:w"
+
+
+def test_secrets_read_from_files_as_docker_mounts_them(tmp_path):
+    (tmp_path / "pw").write_text(SECRET + "\n")
+    (tmp_path / "token").write_text("t" * 20 + "\n")
+    cfg = validate_config(
+        {
+            "redis": {"password_file": str(tmp_path / "pw")},
+            "control": {"admin_token_file": str(tmp_path / "token")},
+        }
+    )
+    assert cfg.redis.password is not None and cfg.redis.password.get_secret_value() == SECRET
+    assert cfg.control.admin_token is not None
+    assert cfg.control.admin_token.get_secret_value() == "t" * 20
+    public = cfg.public_dict()
+    assert public["redis"]["password_file"] == str(tmp_path / "pw")  # a path is no secret
+    assert public["control"]["admin_token"] == "***" and SECRET not in json.dumps(public)
+    assert validate_config(cfg.model_dump()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"redis": {"url": "redis://:a@h", "password": "b"}}, "given twice (in url"),
+        ({"redis": {"url": "redis://:a@h", "password_file": "/nonexistent"}}, "given twice"),
+        ({"redis": {"password": "a", "password_file": "PW"}}, "password is given twice"),
+        ({"redis": {"password_file": "/nonexistent/pw"}}, "password_file '/nonexistent/pw'"),
+        ({"control": {"admin_token_file": "SHORT"}}, "admin_token: Value should have at least 16"),
+    ],
+)
+def test_bad_secrets_are_refused_without_showing_them(tmp_path, raw, words):
+    (tmp_path / "PW").write_text("from-the-file\n")
+    (tmp_path / "SHORT").write_text("short\n")
+    for section in raw.values():
+        for key in ("password_file", "admin_token_file"):
+            if section.get(key) in ("PW", "SHORT"):
+                section[key] = str(tmp_path / section[key])
+    with pytest.raises(ConfigError, match=re.escape(words)) as caught:
+        validate_config(raw)
+    assert "from-the-file" not in str(caught.value) and "short" not in str(caught.value)
+
+
+def test_secrets_stay_out_of_the_digests():
+    plain = DDQConfig()
+    secret = validate_config({"redis": {"password": SECRET}, "control": {"admin_token": "x" * 16}})
+    assert (secret.digest, secret.run_digest) == (plain.digest, plain.run_digest)
+    assert secret_paths(DDQConfig) == ["redis.password", "control.admin_token"]

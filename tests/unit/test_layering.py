@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,11 @@ def test_importing_the_config_or_the_control_plane_does_not_load_torch(module: s
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]", f"import {module} loads torch: {done.stdout.strip()}"
+
+
+@pytest.mark.parametrize("name", ["learner", "synchronizer", "control_plane"])
+def test_the_checkout_services_forward_to_the_packaged_entry_points(name: str) -> None:
+    """``python -m services.<name>`` (a checkout) runs ``dd_queue.services.<name>`` (the wheel)."""
+    shim = importlib.import_module(f"services.{name}")
+    packaged = importlib.import_module(f"dd_queue.services.{name}")
+    assert shim.main is packaged.main

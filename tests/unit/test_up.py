@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dd_queue.cli import main
+from dd_queue.config import PRESETS
 from dd_queue.up import cli as up_cli
 from dd_queue.up import servers
 from dd_queue.up.procs import Children, redis_command
@@ -26,7 +27,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults() -> None:
     opts = up_cli.options_from_args(_parse())
-    assert opts.config == Path("config/demo.yaml")
+    assert opts.config == PRESETS / "demo.yaml"  # the packaged demo config, from any directory
     assert (opts.learners, opts.duration_s, opts.chaos, opts.port) == (3, 0.0, False, 0)
 
 
