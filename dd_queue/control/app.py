@@ -33,6 +33,7 @@ from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
 from dd_queue.control.actions import Refused
 from dd_queue.control.auth import AdminGate
+from dd_queue.control.guard import Guard, allowed_hosts
 from dd_queue.control.metrics import registry_for
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.routes import ROUTERS
@@ -185,5 +186,10 @@ def create_app(
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(JsonBodies)
+    app.add_middleware(  # outermost: before any route, token check or JSON parse
+        Guard,
+        hosts=allowed_hosts(cfg.control.host, cfg.control.allowed_hosts),
+        max_body_bytes=cfg.control.max_body_bytes,
+    )
     _handlers(app)
     return app

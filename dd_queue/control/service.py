@@ -1,7 +1,7 @@
 """The control plane process: the app on uvicorn, bound to ``control.host:control.port``.
 
     ddq control --config config/demo.yaml
-    python -m services.control_plane --config config/demo.yaml
+    python -m dd_queue.services.control_plane --config config/demo.yaml
 
 Binds 127.0.0.1 unless ``control.host`` says otherwise. With no ``control.admin_token`` the
 token is generated and logged once (WARNING) and writes stay off unless
@@ -23,12 +23,12 @@ from dd_queue.bus import RedisBus, RedisOptions
 from dd_queue.clock import SystemClock
 from dd_queue.config import DDQConfig
 from dd_queue.control.app import create_app
+from dd_queue.control.guard import LOOPBACK_NAMES
 from dd_queue.log import setup_logging
 
 __all__ = ["bus_options", "serve"]
 
 log = logging.getLogger("dd_queue.control")
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _UNAVAILABLE_AFTER_S = 2.0
 """The control plane gives up on Redis sooner than workers do: it answers 503 instead."""
 
@@ -48,7 +48,7 @@ def serve(cfg: DDQConfig) -> int:
     setup_logging("control", level=cfg.run.log_level, fmt=cfg.run.log_format)
     log.info("control.config digest %s", cfg.digest, extra={"ddq": {"config": cfg.public_dict()}})
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=bus_options(cfg))
-    if cfg.control.host not in _LOOPBACK:
+    if cfg.control.host not in LOOPBACK_NAMES:
         log.warning(
             "control.exposed bound to %s: read-only routes answer anyone who can reach it "
             "(mutating ones still need the token); prefer 127.0.0.1 behind a proxy",

@@ -169,7 +169,7 @@ def make_run(**control: Any) -> Iterator[Run]:
     )
     sync.start()
     app = create_app(cfg, bus, clock, ticker=False, min_refresh_s=0.0, seed=1)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         run = Run(cfg, bus, clock, sync, sync_clock, client, server)
         _merge_one_round(sync, sync_clock, run)
         try:
