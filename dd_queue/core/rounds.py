@@ -312,6 +312,16 @@ class RoundState:
     def _held_of(self, learner_id: str) -> ContributionMeta | None:
         return next((h for h in self.held if h.learner_id == learner_id), None)
 
+    def without(self, learner_ids: frozenset[str]) -> RoundState:
+        """Drop these learners' held contributions (refused after admission: a merge with
+        them is not finite). They no longer count toward quorum; their identities stay in
+        ``seen``, so a redelivery is a duplicate."""
+        return replace(
+            self,
+            held=tuple(h for h in self.held if h.learner_id not in learner_ids),
+            first_arrivals=tuple(a for a in self.first_arrivals if a[1] not in learner_ids),
+        )
+
     def reopened(self, *, round_id: int, opened_at_s: float) -> RoundState:
         """Abandon the open round and open ``round_id``, keeping every held contribution.
 

@@ -11,9 +11,9 @@ A merge (Decoupled DiLoCo, synchronizer steps 3-5; Douillard et al., arXiv 2604.
    ``down`` notification, the round record with every settled entry's outcome, the acks of
    exactly those entries, and the deletion of the blobs the state no longer references.
 
-A merge whose new Θ_p or momentum is not finite (finite contributions can still overflow
-float32 in the outer step, e.g. values near 3e38) is never staged: ``merge_round`` raises
-``RoundFailed`` naming the contributions that cause it (each one whose merge alone is not
+A merge whose Δ, new Θ_p or momentum is not finite (finite contributions can still overflow
+float32 in the merge or the outer step, e.g. values near 3e38) is never staged: ``merge_round``
+raises ``RoundFailed`` naming the contributions that cause it (each one whose merge alone is not
 finite; all of them when only their combination is), and the loop dead-letters those with the
 reason and lets the round go on without them. Bad data never ends the process.
 
@@ -37,6 +37,7 @@ from dd_queue.core.anchor import anchor_contributions
 from dd_queue.core.merge import F32, ContributionData, MergeResult, merge_fragment
 from dd_queue.core.outer import NesterovState, nesterov_step
 from dd_queue.core.policy import Decision, Ema
+from dd_queue.errors import CoreError
 from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import ContributorRecord, EntryOutcome, GlobalFragment, RoundRecord
@@ -69,6 +70,7 @@ class _Merged:
     contributors: tuple[ContributorRecord, ...]
     timings_s: dict[str, float]
     scratch: F32 | None = None  # the merged Δ's buffer (pooled; free once Θ_p is stepped)
+    overflow: str | None = None  # the merge itself overflowed float32 (nothing else is valid)
 
 
 def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
@@ -88,13 +90,16 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
     kept, anchorings = anchor_contributions(contribs, rt.ring, anchor=sync.anchor)
     buffers, size = ctx.buffers, rt.fragment.size
     out = buffers.take(size)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked, not warned
-        result = merge_fragment(
-            kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
-        )
-    t1 = clock.now()
     theta = buffers.take(size)
     momentum = NesterovState(buffers.take(size), rt.momentum.step)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked, not warned
+            result = merge_fragment(
+                kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
+            )
+    except CoreError as exc:  # finite contributions whose merged Δ overflows float32
+        return _Merged(theta, momentum, _no_merge(rt), (), (), {}, out, overflow=str(exc))
+    t1 = clock.now()
     if result.kind == "merged":  # into new arrays: Θ_p and b stay as committed until the commit
         with np.errstate(over="ignore", invalid="ignore"):
             nesterov_step(
@@ -194,7 +199,7 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
 
 
 def _finite(merged: _Merged) -> bool:
-    return bool(
+    return merged.overflow is None and bool(
         np.isfinite(merged.theta).all() and np.isfinite(merged.momentum.momentum_buffer).all()
     )
 

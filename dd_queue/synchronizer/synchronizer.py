@@ -405,6 +405,7 @@ class Synchronizer:
         again without them (its next decision may merge the rest, or abandon)."""
         for h, _ in failed.culprits:
             rt.held.pop(h.msg.learner_id, None)
+        rt.round = rt.round.without(frozenset(h.msg.learner_id for h, _ in failed.culprits))
         self.ctx.buffers.give([h.delta for h, _ in failed.culprits])
         rt.decision = None
         log.error("round.refused fragment %d round %d: %s", rt.fragment_id, rt.round.round_id,
