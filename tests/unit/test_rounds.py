@@ -320,3 +320,32 @@ def test_arrival_order_of_distinct_learners_does_not_change_the_set(
     shuffled = admit_all(fresh(), *((contributions[x], 1.0) for x in order))
     assert shuffled.held == in_order.held
     assert shuffled.view().staleness == in_order.view().staleness
+
+
+# ----------------------------------------------------------------------- refusal after admission
+
+
+@given(
+    arrivals=st.dictionaries(
+        st.sampled_from(["L0", "L1", "L2", "L3"]),
+        st.floats(0.0, 100.0, allow_nan=False),
+        min_size=1,
+    ),
+    refused=st.sets(st.sampled_from(["L0", "L1", "L2", "L3", "L9"])),
+)
+def test_without_drops_exactly_the_refused_and_keeps_them_seen(
+    arrivals: dict[str, float], refused: set[str]
+) -> None:
+    state = admit_all(fresh(), *((meta(who), t) for who, t in sorted(arrivals.items())))
+    after = state.without(frozenset(refused))
+    kept = sorted(set(arrivals) - refused)
+    assert [h.learner_id for h in after.held] == kept
+    assert after.first_arrivals == tuple(sorted((arrivals[w], w) for w in kept))
+    assert after.view().contributors == frozenset(kept)  # quorum counts only these
+    assert after.seen == state.seen  # a redelivery of a refused one stays a duplicate
+    same = ("fragment_id", "round_id", "opened_at_s", "current_version", "last_merged_round_id")
+    assert all(getattr(after, f) == getattr(state, f) for f in same)
+    assert after.merged == state.merged
+    for who in refused & set(arrivals):
+        _, again = after.admit(meta(who), now=200.0, max_staleness=MAX_STALENESS)
+        assert again.kind == "duplicate"
