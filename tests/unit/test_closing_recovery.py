@@ -19,13 +19,15 @@ from dd_queue.clock import FakeClock
 from dd_queue.errors import ProtocolError
 from dd_queue.faults import FaultInjector
 from dd_queue.keys import SYNC_GROUP
-from dd_queue.messages import Event, RoundOpen
+from dd_queue.messages import Event, RoundOpen, RoundRecord
 from dd_queue.synchronizer import recovery
+from dd_queue.synchronizer.blobs import load_momentum
 from dd_queue.synchronizer.context import Context
 from tests.synchronizer_support import (
     beat,
     contribute,
     dead_letters,
+    latest_global,
     make_config,
     pending_count,
     records,
@@ -541,3 +543,45 @@ def test_a_refused_contribution_no_longer_counts_toward_quorum(bus, clock):
             break
     [record] = [rec for rec in records(bus, cfg, 0) if rec.decision == "merge"]
     assert sorted(c.learner_id for c in record.contributors) == ["L0", "L1"]
+
+
+def test_staleness_is_recorded_and_a_weightless_round_keeps_theta_and_momentum(bus, clock):
+    """A merge records each contributor's staleness (version − base). A round whose
+    contributions all weigh 0 (no tokens) still advances the version, with Θ_p and the
+    momentum (buffer and step) carried over exactly, and says so in its record."""
+    cfg = make_config()
+    beat(bus, cfg, "L0")
+    sync = new_sync(bus, clock, cfg)
+    size = size_of(cfg, 0)
+
+    def merge_one(after: int, base: int, tokens: int, value: float) -> tuple[int, RoundRecord]:
+        r = _next_round(sync, bus, cfg, clock, 0, after)
+        contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=base,
+                   delta=np.full(size, value, np.float32), n_tokens=tokens)  # fmt: skip
+        for _ in range(50):
+            beat(bus, cfg, "L0")
+            sync.pump()
+            clock.advance(0.05)
+            done = [rec for rec in records(bus, cfg, 0) if rec.round_id == r]
+            if done:
+                return r, done[0]
+        raise AssertionError(f"round {r} did not merge")
+
+    r1, first = merge_one(-1, 0, 400, 0.01)
+    assert [c.staleness for c in first.contributors] == [0]
+    assert [(e.outcome, e.reason) for e in first.entries] == [("merged", "weight 1.0000")]
+    r1, _ = merge_one(r1, 1, 400, 0.01)
+    r2, second = merge_one(r1, 1, 400, 0.02)  # trained from version 1, merged into 2 → 3
+    assert second.version_after == 3
+    assert [(c.learner_id, c.staleness) for c in second.contributors] == [("L0", 1)]
+    theta2 = latest_global(bus, cfg, 0)[1]  # Θ_p(3)
+    state2 = state_of(bus, cfg, 0)
+    momentum2 = load_momentum(bus, state2, size=size)
+    assert np.any(momentum2.momentum_buffer != 0)
+    _, third = merge_one(r2, 3, 0, 0.5)  # no tokens: no weight, no update
+    assert (third.decision, third.version_after) == ("merge", 4)
+    assert [(e.outcome, e.reason) for e in third.entries] == [("merged", "weight 0.0000")]
+    np.testing.assert_array_equal(latest_global(bus, cfg, 0)[1], theta2)
+    momentum3 = load_momentum(bus, state_of(bus, cfg, 0), size=size)
+    np.testing.assert_array_equal(momentum3.momentum_buffer, momentum2.momentum_buffer)
+    assert momentum3.step == momentum2.step
