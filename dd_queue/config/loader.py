@@ -54,8 +54,7 @@ def config_path(path: str | Path) -> Path:
     given = Path(path)
     if given.exists() or given.suffix or len(given.parts) != 1:
         return given
-    preset = PRESETS / f"{given.name}.yaml"
-    if preset.is_file():
+    if (preset := _preset(given.name)) is not None:
         return preset
     raise ConfigError(
         f"config {str(path)!r} is neither a file nor a packaged config "
@@ -115,10 +114,13 @@ def _parent_path(path: Path, parent: str) -> Path:
     beside = path.parent / parent
     if beside.exists():
         return beside
-    stem = parent.removesuffix(".yaml")
-    if Path(stem).name == stem and (PRESETS / f"{stem}.yaml").is_file():
-        return PRESETS / f"{stem}.yaml"
-    return beside  # reading it reports the missing file
+    return _preset(parent.removesuffix(".yaml")) or beside  # reading it reports a missing one
+
+
+def _preset(name: str) -> Path | None:
+    """The packaged config called ``name`` (a bare name, no directory), if there is one."""
+    path = PRESETS / f"{name}.yaml"
+    return path if Path(name).name == name and path.is_file() else None
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,18 @@ def _secret_from_file(data: dict[str, Any], name: str) -> dict[str, Any]:
     return {**data, name: secret}
 
 
+def _secret_slots(data: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """``(mapping, key)`` of every secret field in a ``DDQConfig.model_dump()``."""
+    slots = []
+    for path in secret_paths(DDQConfig):
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        slots.append((node, leaf))
+    return slots
+
+
 def secret_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     """Dotted paths of every secret field (typed ``SecretStr``) of ``model``, set or not."""
     out: list[str] = []
@@ -558,11 +570,7 @@ class DDQConfig(_Section):
     def public_dict(self) -> dict[str, Any]:
         """The resolved config as plain JSON-able data, every secret that is set shown as ***."""
         data = self.model_dump(mode="json")
-        for path in secret_paths(DDQConfig):
-            *parents, leaf = path.split(".")
-            node = data
-            for key in parents:
-                node = node[key]
+        for node, leaf in _secret_slots(data):
             if node[leaf] is not None:
                 node[leaf] = "***"
         return data
@@ -589,8 +597,7 @@ class DDQConfig(_Section):
     def digest(self) -> str:
         """Stable sha256 (hex, 16 chars) of the resolved config without secrets."""
         data = self.model_dump(mode="json")
-        for path in secret_paths(DDQConfig):
-            section, leaf = path.split(".")
-            data[section].pop(leaf)
+        for node, leaf in _secret_slots(data):
+            del node[leaf]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
