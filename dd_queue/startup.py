@@ -24,16 +24,16 @@ import argparse
 import json
 import logging
 import os
+import ssl
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, cast
 
 import redis
-from pydantic import SecretStr
 
 from dd_queue.bus import Bus, RedisBus, ops
-from dd_queue.bus._redis_conn import redact_url
+from dd_queue.bus._redis_conn import RedisOptions, client_kwargs, redact_url
 from dd_queue.clock import Clock, SystemClock
 from dd_queue.config import CONFIG_HELP, DDQConfig, load_config
 from dd_queue.errors import DDQError, NotReady, exit_code
@@ -59,18 +59,20 @@ class Stop(Protocol):
     def wait(self, timeout: float | None = None) -> object: ...
 
 
-def _redis_missing(url: str, password: SecretStr | None) -> str | None:
+def _redis_missing(url: str, options: RedisOptions) -> str | None:
     client = redis.Redis.from_url(
         url,
         socket_connect_timeout=_PROBE_TIMEOUT_S,
         socket_timeout=_PROBE_TIMEOUT_S,
-        password=None if password is None else password.get_secret_value(),
+        **client_kwargs(url, options),
     )
     try:
         client.ping()
     except redis.AuthenticationError as exc:
         raise NotReady(f"Redis at {redact_url(url)} refused the credentials: {exc}") from exc
     except redis.RedisError as exc:
+        if _tls_failed(exc):  # a certificate either side refuses: waiting would not help
+            raise NotReady(f"TLS to Redis at {redact_url(url)} failed: {exc}") from exc
         return (
             f"Redis at {redact_url(url)} ({exc}; start redis-server, or set redis.url / "
             "DDQ__REDIS__URL)"
@@ -78,6 +80,16 @@ def _redis_missing(url: str, password: SecretStr | None) -> str | None:
     finally:
         client.close()
     return None
+
+
+def _tls_failed(exc: BaseException) -> bool:
+    """``exc`` was caused by a TLS handshake failure (not a server that is not up yet)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _run_missing(bus: Bus, cfg: DDQConfig) -> str | None:
@@ -132,7 +144,7 @@ def unmet(needs: Sequence[Need], *, cfg: DDQConfig, bus: Bus | None) -> str | No
         raise ValueError(f"unknown needs {unknown}; choose from {', '.join(NEEDS)}")
     url = cfg.redis.url if bus is None else bus.url if isinstance(bus, RedisBus) else None
     if url is not None:  # a bus on a server (not in memory, not an injected client): PING it
-        missing = _redis_missing(url, cfg.redis.password)
+        missing = _redis_missing(url, cfg.redis.options())
         if missing is not None:
             return missing
     for need in needs:

@@ -18,11 +18,49 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
 REDIS_SERVER = "redis-server"
+
+
+@dataclass(frozen=True)
+class Pki:
+    """PEM files of a throwaway CA, a server certificate for 127.0.0.1 and a client's."""
+
+    ca_file: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> Pki:
+        """A new CA and two certificates under ``directory`` (``trustme``; no network)."""
+        import trustme  # test-only dependency
+
+        directory.mkdir(parents=True, exist_ok=True)
+        ca = trustme.CA(organization_name="dd_queue tests")
+        server = ca.issue_cert("127.0.0.1", "localhost")
+        client = ca.issue_cert("ddq-client")
+        pki = cls(*(directory / n for n in ("ca.pem", "server.pem", "server.key", "client.pem",
+                                            "client.key")))  # fmt: skip
+        ca.cert_pem.write_to_path(str(pki.ca_file))
+        server.cert_chain_pems[0].write_to_path(str(pki.server_cert))
+        server.private_key_pem.write_to_path(str(pki.server_key))
+        client.cert_chain_pems[0].write_to_path(str(pki.client_cert))
+        client.private_key_pem.write_to_path(str(pki.client_key))
+        return pki
+
+    def client_kwargs(self) -> dict[str, str]:
+        """redis-py arguments of a client that verifies the server and shows its certificate."""
+        return {
+            "ssl_ca_certs": str(self.ca_file),
+            "ssl_certfile": str(self.client_cert),
+            "ssl_keyfile": str(self.client_key),
+        }
 
 
 def redis_server_path() -> str | None:
@@ -46,6 +84,8 @@ class RedisProcess:
         extra_args: More ``--name value`` arguments for redis-server.
         start_timeout_s: How long to wait for PING after starting.
         binary: The server binary (default: ``redis-server`` on PATH; e.g. a valkey-server).
+        tls: Serve TLS only (no plain-TCP port), with these certificates; clients must show a
+            certificate of the same CA (``tls-auth-clients yes``). The URL is ``rediss://``.
     """
 
     def __init__(
@@ -56,6 +96,7 @@ class RedisProcess:
         extra_args: tuple[str, ...] = (),
         start_timeout_s: float = 10.0,
         binary: str | None = None,
+        tls: Pki | None = None,
     ) -> None:
         binary = binary or redis_server_path()
         if binary is None:
@@ -68,6 +109,7 @@ class RedisProcess:
         self.host = "127.0.0.1"
         self.appendonly = appendonly
         self.extra_args = extra_args
+        self.tls = tls
         self.start_timeout_s = start_timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="ddq-redis-")
         self.dir = Path(self._tmp.name)
@@ -75,8 +117,8 @@ class RedisProcess:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://{self.host}:{self.port}/0"
+        """``redis://127.0.0.1:<port>/0`` (``rediss://`` with TLS)."""
+        return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -93,9 +135,19 @@ class RedisProcess:
             if self.appendonly
             else ["--appendonly", "no"]
         )
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:
+            ports = [
+                "--port", "0",
+                "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.tls.server_cert),
+                "--tls-key-file", str(self.tls.server_key),
+                "--tls-ca-cert-file", str(self.tls.ca_file),
+                "--tls-auth-clients", "yes",
+            ]  # fmt: skip
         return [
             self.binary,
-            "--port", str(self.port),
+            *ports,
             "--bind", self.host,
             "--save", "",
             *persistence,
@@ -130,7 +182,7 @@ class RedisProcess:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        probe = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5)
+        probe = self.client(socket_timeout=0.5)
         try:
             while True:
                 if self._proc is not None and self._proc.poll() is not None:
@@ -192,9 +244,12 @@ class RedisProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def client(self) -> redis.Redis:
-        """A plain redis-py client for this server (caller closes it)."""
-        return redis.Redis(host=self.host, port=self.port)
+    def client(self, **kwargs: object) -> redis.Redis:
+        """A plain redis-py client for this server (caller closes it); over TLS, with the
+        client certificate."""
+        if self.tls is not None:
+            kwargs = {"ssl": True, **self.tls.client_kwargs(), **kwargs}
+        return redis.Redis(host=self.host, port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Kill the server and remove its directory."""

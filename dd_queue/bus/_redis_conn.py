@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -66,6 +67,13 @@ class RedisOptions:
         max_connections: Pool size of each client.
         password: Redis AUTH password (``AUTH <user> <password>`` with the URL's user name);
             a secret type, so it never shows in a repr, a log or an error.
+        tls_ca_file: CA bundle that signed the server's certificate (``rediss://`` only;
+            None: the system's CAs).
+        tls_cert_file: Client certificate (PEM), for servers that check clients
+            (``tls-auth-clients yes``); needs ``tls_key_file``.
+        tls_key_file: The client certificate's private key (PEM). Only its path is held here:
+            the key itself is read by the TLS library, never by dd_queue.
+        tls_check_hostname: Check that the server's certificate names the URL's host.
     """
 
     socket_timeout_s: float = 10.0
@@ -80,6 +88,15 @@ class RedisOptions:
     health_check_interval_s: float = 30.0
     max_connections: int = 64
     password: SecretStr | None = None
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_check_hostname: bool = True
+
+    @property
+    def tls_given(self) -> bool:
+        """Any TLS file is set."""
+        return any(f is not None for f in (self.tls_ca_file, self.tls_cert_file, self.tls_key_file))
 
     def __post_init__(self) -> None:
         for name in ("socket_timeout_s", "connect_timeout_s", "blob_socket_timeout_s",
@@ -97,6 +114,42 @@ class RedisOptions:
                 f"({self.max_block_ms} ms) by at least {_BLOCK_MARGIN_MS} ms; otherwise every "
                 "blocking read times out on the socket and a dead server is noticed only late"
             )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError(
+                "redis tls_cert_file and tls_key_file go together (a client certificate and "
+                "its key): set both or neither"
+            )
+
+
+def client_kwargs(url: str, options: RedisOptions) -> dict[str, object]:
+    """The redis-py client arguments for ``url`` that carry credentials: the password, and for a
+    ``rediss://`` URL the TLS files (the server's certificate is always verified).
+
+    Raises:
+        ConfigError: TLS files are set but ``url`` is not ``rediss://`` (they would be ignored
+            and the password would cross the network in clear).
+    """
+    secret = None if options.password is None else options.password.get_secret_value()
+    kwargs: dict[str, object] = {"password": secret}
+    tls = urlsplit(url).scheme == "rediss"
+    if options.tls_given and not tls:
+        raise ConfigError(
+            f"redis tls_* files are set but the URL {redact_url(url)} is not rediss://; "
+            "use rediss://host:port/db for TLS"
+        )
+    if tls:
+        kwargs.update(
+            ssl_cert_reqs="required",
+            ssl_ca_certs=_path(options.tls_ca_file),
+            ssl_certfile=_path(options.tls_cert_file),
+            ssl_keyfile=_path(options.tls_key_file),
+            ssl_check_hostname=options.tls_check_hostname,
+        )
+    return kwargs
+
+
+def _path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def split_password(url: str) -> tuple[str, str | None]:
@@ -157,7 +210,7 @@ def _client(
         health_check_interval=options.health_check_interval_s,
         max_connections=options.max_connections,
         client_name=f"ddq-{name}",
-        password=None if options.password is None else options.password.get_secret_value(),
+        **client_kwargs(url, options),
         **extra,
     )
 

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from dd_queue.bus import RedisOptions
-from dd_queue.bus._redis_conn import split_password
+from dd_queue.bus._redis_conn import client_kwargs, split_password
 from dd_queue.core.codec import CodecSpec, DecodeLimits
 from dd_queue.core.fragments import DEFAULT_EMBEDDING_PATTERNS
 from dd_queue.core.membership import MembershipParams
@@ -123,6 +123,18 @@ class RedisConfig(_Section):
     password_file: Path | None = Field(
         None, description="Read redis.password from this file (a Docker/Kubernetes secret)."
     )
+    tls_ca_file: Path | None = Field(
+        None, description="rediss:// only: CA bundle of the server's certificate (None: system)."
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="Client certificate (PEM) for servers that check clients; with the key."
+    )
+    tls_key_file: Path | None = Field(
+        None, description="The client certificate's private key (PEM); only its path is held."
+    )
+    tls_check_hostname: bool = Field(
+        True, description="Check that the server's certificate names the URL's host."
+    )
     socket_timeout_s: float = Field(
         10.0, gt=0, description="Read timeout of control and reader connections."
     )
@@ -174,6 +186,21 @@ class RedisConfig(_Section):
                     )
                 data = {**data, "url": stripped, "password": password}
         return _secret_from_file(data, "password")
+
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
+    @classmethod
+    def _readable(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"{str(path)!r} is not a file (a PEM file is expected)")
+        return path
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        try:
+            client_kwargs(self.url, self.options())
+        except ConfigError as exc:  # pydantic reports ValueErrors with the section's path
+            raise ValueError(str(exc)) from None
+        return self
 
     @model_validator(mode="after")
     def _check_block(self) -> Self:

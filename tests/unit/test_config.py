@@ -10,6 +10,7 @@ import pydantic
 import pytest
 import yaml
 
+from dd_queue.bus._redis_conn import client_kwargs
 from dd_queue.cli import main as ddq_main
 from dd_queue.config import (
     PRESETS,
@@ -408,3 +409,47 @@ def test_secrets_stay_out_of_the_digests():
     secret = validate_config({"redis": {"password": SECRET}, "control": {"admin_token": "x" * 16}})
     assert (secret.digest, secret.run_digest) == (plain.digest, plain.run_digest)
     assert secret_paths(DDQConfig) == ["redis.password", "control.admin_token"]
+
+
+def test_tls_files_reach_every_redis_client(tmp_path):
+    for name in ("ca.pem", "me.pem", "me.key"):
+        (tmp_path / name).write_text("PEM\n")
+    cfg = validate_config(
+        {
+            "redis": {
+                "url": "rediss://h:6380/0",
+                "tls_ca_file": str(tmp_path / "ca.pem"),
+                "tls_cert_file": str(tmp_path / "me.pem"),
+                "tls_key_file": str(tmp_path / "me.key"),
+                "tls_check_hostname": False,
+            }
+        }
+    )
+    kwargs = client_kwargs(cfg.redis.url, cfg.redis.options())
+    assert kwargs == {
+        "password": None,
+        "ssl_cert_reqs": "required",  # the server's certificate is always verified
+        "ssl_ca_certs": str(tmp_path / "ca.pem"),
+        "ssl_certfile": str(tmp_path / "me.pem"),
+        "ssl_keyfile": str(tmp_path / "me.key"),
+        "ssl_check_hostname": False,
+    }
+    plain = client_kwargs("redis://h/0", DDQConfig().redis.options())
+    assert plain == {"password": None}  # no ssl_* argument: a plain connection refuses them
+    assert validate_config(cfg.model_dump()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("redis", "words"),
+    [
+        ({"tls_ca_file": "CA"}, "tls_* files are set but the URL redis://127.0.0.1:6379/0 is not"),
+        ({"url": "rediss://h/0", "tls_cert_file": "CA"}, "tls_cert_file and tls_key_file go"),
+        ({"url": "rediss://h/0", "tls_key_file": "CA"}, "tls_cert_file and tls_key_file go"),
+        ({"url": "rediss://h/0", "tls_ca_file": "/nonexistent/ca.pem"}, "'/nonexistent/ca.pem' is"),
+    ],
+)
+def test_bad_tls_settings_are_refused_with_the_reason(tmp_path, redis, words):
+    (tmp_path / "CA").write_text("PEM\n")
+    redis = {k: str(tmp_path / v) if v == "CA" else v for k, v in redis.items()}
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        validate_config({"redis": redis})
