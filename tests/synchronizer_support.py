@@ -67,6 +67,7 @@ def make_config(run_id: str = "t", **sync: Any) -> DDQConfig:
             "stalled_after_s": 1.0,
             "dead_after_s": 2.0,
         },
+        "faults": {"enabled": True},  # off by default; these tests inject faults
     }
     for key, value in sync.items():
         section, _, field = key.partition("__")

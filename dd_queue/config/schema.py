@@ -552,7 +552,7 @@ class FaultSpec(_Section):
 class FaultsConfig(_Section):
     """Fault injection: enabled switch and an optional schedule."""
 
-    enabled: bool = Field(True, description="Accept fault commands at all.")
+    enabled: bool = Field(False, description="Accept fault commands at all (off unless asked).")
     schedule: tuple[FaultSpec, ...] = Field((), description="Faults injected at fixed times.")
 
 

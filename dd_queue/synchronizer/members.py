@@ -121,12 +121,19 @@ class Commands:
                 except ProtocolError as exc:
                     log.warning("fault.refused %s: %s", entry.id, exc)
                     continue
-                if cmd.target in (ctx.owner, "synchronizer", "*", "all"):
-                    ctx.injector.arm(
-                        cmd.kind,
-                        fault_id=cmd.fault_id,
-                        duration_s=cmd.duration_s,
-                        params=cmd.params,
+                if cmd.target not in (ctx.owner, "synchronizer", "*", "all"):
+                    continue
+                if not ctx.cfg.faults.enabled:
+                    log.warning(
+                        "fault.ignored %s (%s): faults.enabled is false", cmd.fault_id, cmd.kind
                     )
-                    log.warning("fault.armed %s %s: %s", cmd.kind, cmd.fault_id, cmd.params)
-                    ctx.emit("fault.armed", f"{cmd.kind} armed", fault=cmd.fault_id)
+                    ctx.emit("fault.ignored", "faults.enabled is false", fault=cmd.fault_id)
+                    continue
+                ctx.injector.arm(
+                    cmd.kind,
+                    fault_id=cmd.fault_id,
+                    duration_s=cmd.duration_s,
+                    params=cmd.params,
+                )
+                log.warning("fault.armed %s %s: %s", cmd.kind, cmd.fault_id, cmd.params)
+                ctx.emit("fault.armed", f"{cmd.kind} armed", fault=cmd.fault_id)

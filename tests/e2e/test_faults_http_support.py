@@ -69,6 +69,7 @@ def write_config(path: Path, redis_url: str, port: int, run_id: str) -> Path:
             "dead_after_s": 4.0,
         },
         "control": {"port": port, "admin_token": TOKEN, "refresh_s": 0.5},
+        "faults": {"enabled": True},  # off in base.yaml
     }
     path.write_text(yaml.safe_dump(raw))
     return path

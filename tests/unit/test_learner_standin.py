@@ -49,6 +49,7 @@ def tiny_config(**sections: dict[str, Any]) -> DDQConfig:
             "stalled_after_s": 1.0,
             "dead_after_s": 2.0,
         },
+        "faults": {"enabled": True},  # off by default; these tests inject faults
     }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}

@@ -11,13 +11,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dd_queue.bus import MemoryBus
+from dd_queue.bus import MemoryBus, ops
 from dd_queue.clock import FakeClock
 from dd_queue.core.fragments import flatten_fragment
 from dd_queue.core.merge import segment_sq_norms
 from dd_queue.errors import ConfigError, CorruptPayload, DDQError
 from dd_queue.faults import FaultInjector
 from dd_queue.fragment_state import fragment_of
+from dd_queue.messages import Event, FaultCommand, MessageLimits
 from dd_queue.synchronizer import ArraySource, FragmentState, Synchronizer, plan_of
 from tests.synchronizer_support import (
     beat,
@@ -535,3 +536,36 @@ def test_fragment_state_round_trips_and_refuses_a_broken_ring(bus, clock):
     broken = dataclasses.replace(state, version=5)  # the ring ends with version 0
     with pytest.raises(CorruptPayload, match="ring must end with version 5"):
         FragmentState.from_bytes(broken.to_bytes(), run_id="t", limits=limits)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_fault_commands_are_obeyed_only_where_the_config_enables_them(bus, clock, enabled):
+    cfg = make_config(faults__enabled=enabled)
+    sync = new_sync(bus, clock, cfg, injector=FaultInjector("sync-0", clock=clock))
+    for target in ("all", "synchronizer"):
+        cmd = FaultCommand(
+            run_id="t",
+            fault_id=f"k-{target}",
+            target=target,
+            kind="kill",
+            params={"point": "before_round"},
+            duration_s=None,
+            issued_at_s=0.0,
+        )
+        ops.send_command(bus, target, cmd.to_fields())
+    if enabled:
+        with pytest.raises(Killed):
+            for _ in range(100):
+                sync.pump()
+                clock.advance(0.05)
+        return
+    for _ in range(100):  # as long as the kill above may take
+        sync.pump()
+        clock.advance(0.05)
+    limits = MessageLimits()
+    events = [
+        Event.from_fields(e.fields, run_id="t", limits=limits) for e in bus.read(bus.keys.events())
+    ]
+    ignored = sorted(e.fields["fault"] for e in events if e.kind == "fault.ignored")
+    assert ignored == ["k-all", "k-synchronizer"]
+    assert not any(e.kind == "fault.armed" for e in events)
