@@ -28,6 +28,7 @@ from dd_queue.config import CONFIG_HELP, load_config
 from dd_queue.errors import DDQError, exit_code
 
 COMMAND_MODULES: tuple[str, ...] = (
+    "dd_queue.acl",
     "dd_queue.control.cli",
     "dd_queue.learner.cli",
     "dd_queue.runner.cli",

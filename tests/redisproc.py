@@ -86,6 +86,8 @@ class RedisProcess:
         binary: The server binary (default: ``redis-server`` on PATH; e.g. a valkey-server).
         tls: Serve TLS only (no plain-TCP port), with these certificates; clients must show a
             certificate of the same CA (``tls-auth-clients yes``). The URL is ``rediss://``.
+        login: ``(user, password)`` this object's own clients log in with (a server whose
+            default user is off, e.g. started with an ``--aclfile``).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class RedisProcess:
         start_timeout_s: float = 10.0,
         binary: str | None = None,
         tls: Pki | None = None,
+        login: tuple[str, str] | None = None,
     ) -> None:
         binary = binary or redis_server_path()
         if binary is None:
@@ -110,6 +113,7 @@ class RedisProcess:
         self.appendonly = appendonly
         self.extra_args = extra_args
         self.tls = tls
+        self.login = login
         self.start_timeout_s = start_timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="ddq-redis-")
         self.dir = Path(self._tmp.name)
@@ -249,6 +253,8 @@ class RedisProcess:
         client certificate."""
         if self.tls is not None:
             kwargs = {"ssl": True, **self.tls.client_kwargs(), **kwargs}
+        if self.login is not None:
+            kwargs = {"username": self.login[0], "password": self.login[1], **kwargs}
         return redis.Redis(host=self.host, port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def close(self) -> None:

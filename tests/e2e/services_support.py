@@ -62,14 +62,15 @@ class Services:
         extra = ["--learner-id", learner_id] if role == "learner" else []
         return [DDQ, role, "--config", str(self.config), *extra]
 
-    def start(self, role: str, learner_id: str = "L0") -> str:
-        """Start one service; returns its name (the learner id for learners)."""
+    def start(self, role: str, learner_id: str = "L0", env: dict[str, str] | None = None) -> str:
+        """Start one service (``env``: more variables for it alone); returns its name (the
+        learner id for learners)."""
         name = learner_id if role == "learner" else role
         with (self.dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(
                 self.argv(role, learner_id),
                 cwd=ROOT,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
