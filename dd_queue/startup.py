@@ -12,7 +12,8 @@ logging every 5 s what it is waiting for and how long is left, and gives up only
   Redis answers, logging that it waits.
 
 ``ddq wait --for redis,run,synchronizer`` runs the same checks from the shell (compose health
-checks use it). After the start, a service whose dependency goes away and comes back (Redis or
+checks use it); ``--for member:L0`` checks that one member's own heartbeat is fresh (a learner's
+health check). After the start, a service whose dependency goes away and comes back (Redis or
 the synchronizer restarting) keeps running: the bus retries, loops log and carry on.
 
 Each check returns None when met, else what is missing and what to do, as one line.
@@ -24,11 +25,12 @@ import argparse
 import json
 import logging
 import os
+import re
 import ssl
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Protocol
 
 import redis
 
@@ -43,12 +45,22 @@ __all__ = ["NEEDS", "Need", "Stop", "register", "unmet", "wait_for"]
 
 log = logging.getLogger("dd_queue.startup")
 
-Need = Literal["redis", "run", "synchronizer"]
+Need = str
+"""``redis``, ``run``, ``synchronizer`` (any live one) or ``member:<id>`` (that member is live:
+a learner id, a synchronizer id)."""
 NEEDS: tuple[Need, ...] = ("redis", "run", "synchronizer")
-"""Everything a service can wait for, in the order they come true."""
+"""The fixed needs, in the order they come true (``member:<id>`` besides)."""
+
+
+def unknown_needs(needs: Sequence[str]) -> list[str]:
+    """The entries of ``needs`` that name nothing to wait for (sorted)."""
+    return sorted(n for n in set(needs) if n not in NEEDS and not _MEMBER.fullmatch(n))
+
+
 NOTE_EVERY_S = 5.0
 """Seconds between two ``waiting`` log lines."""
 _PROBE_TIMEOUT_S = 2.0
+_MEMBER = re.compile(r"member:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class Stop(Protocol):
@@ -107,7 +119,9 @@ def _run_missing(bus: Bus, cfg: DDQConfig) -> str | None:
     )
 
 
-def _synchronizer_missing(bus: Bus, cfg: DDQConfig) -> str | None:
+def _beat_missing(bus: Bus, cfg: DDQConfig, member: str | None) -> str | None:
+    """None when a heartbeat fresher than ``membership.stalled_after_s`` is there: of ``member``
+    (a learner id, a synchronizer id), or of any synchronizer when ``member`` is None."""
     fresh_s, limits = cfg.membership.stalled_after_s, cfg.wire.message_limits()
     ages = []
     for info in bus.heartbeats().values():
@@ -115,14 +129,20 @@ def _synchronizer_missing(bus: Bus, cfg: DDQConfig) -> str | None:
             beat = Heartbeat.from_bytes(info.payload, run_id=cfg.run.run_id, limits=limits)
         except DDQError:
             continue
-        if beat.role == "synchronizer":
+        if beat.member_id == member or (member is None and beat.role == "synchronizer"):
             if info.age_s <= fresh_s:
                 return None
             ages.append(info.age_s)
     seen = f"; the last beat {min(ages):.1f} s ago" if ages else ""
+    who = (
+        f"a live synchronizer of run {cfg.run.run_id!r}"
+        if member is None
+        else f"a live {member!r} in run {cfg.run.run_id!r}"
+    )
+    start = "ddq synchronizer" if member is None else "it"
     return (
-        f"a live synchronizer of run {cfg.run.run_id!r} (a heartbeat fresher than "
-        f"membership.stalled_after_s {fresh_s:g} s{seen}; start ddq synchronizer)"
+        f"{who} (a heartbeat fresher than membership.stalled_after_s {fresh_s:g} s{seen}; "
+        f"start {start})"
     )
 
 
@@ -139,9 +159,9 @@ def unmet(needs: Sequence[Need], *, cfg: DDQConfig, bus: Bus | None) -> str | No
     Raises:
         NotReady: Redis refused the credentials (waiting would not help).
     """
-    unknown = sorted(set(needs) - set(NEEDS))
+    unknown = unknown_needs(needs)
     if unknown:
-        raise ValueError(f"unknown needs {unknown}; choose from {', '.join(NEEDS)}")
+        raise ValueError(f"unknown needs {unknown}; choose from {', '.join(NEEDS)}, member:<id>")
     url = cfg.redis.url if bus is None else bus.url if isinstance(bus, RedisBus) else None
     if url is not None:  # a bus on a server (not in memory, not an injected client): PING it
         missing = _redis_missing(url, cfg.redis.options())
@@ -152,7 +172,10 @@ def unmet(needs: Sequence[Need], *, cfg: DDQConfig, bus: Bus | None) -> str | No
             continue
         if bus is None:
             raise ValueError(f"checking {need!r} needs a bus")
-        missing = _run_missing(bus, cfg) if need == "run" else _synchronizer_missing(bus, cfg)
+        if need == "run":
+            missing = _run_missing(bus, cfg)
+        else:
+            missing = _beat_missing(bus, cfg, need.partition(":")[2] or None)
         if missing is not None:
             return missing
     return None
@@ -223,7 +246,8 @@ def register(sub: Any) -> None:
         "--for",
         dest="needs",
         default="redis,run,synchronizer",
-        help="comma-separated needs among redis, run, synchronizer (default: %(default)s)",
+        help="comma-separated needs among redis, run, synchronizer, member:<id> (a learner or "
+        "synchronizer id with a fresh heartbeat) (default: %(default)s)",
     )
     p.add_argument(
         "--timeout-s",
@@ -237,9 +261,10 @@ def register(sub: Any) -> None:
 
 def _cmd_wait(args: argparse.Namespace) -> int:
     needs = [n.strip() for n in args.needs.split(",") if n.strip()]
-    unknown = sorted(set(needs) - set(NEEDS))
+    unknown = unknown_needs(needs)
     if unknown or not needs:
-        sys.stderr.write(f"ddq: error: --for: unknown {unknown}; choose from {', '.join(NEEDS)}\n")
+        choices = f"{', '.join(NEEDS)}, member:<id>"
+        sys.stderr.write(f"ddq: error: --for: unknown {unknown}; choose from {choices}\n")
         return 2
     cfg = load_config(args.config, os.environ)
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
@@ -247,7 +272,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     code = 0
     try:
         wait_for(
-            cast(list[Need], needs),
+            needs,
             cfg=cfg,
             bus=bus,
             role="wait",

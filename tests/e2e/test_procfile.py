@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,8 +47,11 @@ def test_compose_has_healthy_redis_and_the_same_services() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services = compose["services"]
     assert set(services) == {"redis", *SERVICES}
-    assert "--appendonly yes" in services["redis"]["command"]
-    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert "--appendonly yes" in services["redis"]["command"][-1]
+    redis_check = services["redis"]["healthcheck"]["test"]
+    assert redis_check[0] == "CMD-SHELL" and "redis-cli ping" in redis_check[1]
+    assert '--requirepass "$$DDQ_REDIS_PASSWORD"' in services["redis"]["command"][-1]
+    assert all("healthcheck" in services[name] for name in SERVICES), "every service is checked"
     for name in SERVICES:
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
     for name in ("evaluator", "learner0", "learner1", "learner2"):
@@ -55,6 +59,8 @@ def test_compose_has_healthy_redis_and_the_same_services() -> None:
     check = services["synchronizer"]["healthcheck"]["test"]
     assert check[:3] == ["CMD", "ddq", "wait"] and "synchronizer" in check
     assert "healthcheck" in services["control"]
+    for i in range(3):  # a learner is healthy while its own heartbeat is fresh
+        assert f"member:L{i}" in services[f"learner{i}"]["healthcheck"]["test"]
 
 
 def test_the_image_installs_the_package_alone_and_runs_unprivileged() -> None:
@@ -74,5 +80,12 @@ def test_docker_compose_config_passes() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env={**os.environ, "DDQ_REDIS_PASSWORD": "compose-check"},
     )
     assert done.returncode == 0, done.stderr
+    unset = {k: v for k, v in os.environ.items() if k != "DDQ_REDIS_PASSWORD"}
+    refused = subprocess.run(
+        ["docker-compose", "-f", "compose.yaml", "config", "-q"],
+        cwd=ROOT, capture_output=True, text=True, env=unset,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "set DDQ_REDIS_PASSWORD" in refused.stderr

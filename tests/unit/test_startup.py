@@ -129,9 +129,26 @@ def test_an_unreachable_redis_is_named_without_its_password() -> None:
 
 def test_unknown_needs_are_refused(cfg: DDQConfig, bus: MemoryBus) -> None:
     with pytest.raises(ValueError, match=r"unknown needs \['coffee'\]"):
-        unmet(["redis", "coffee"], cfg=cfg, bus=bus)  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="unknown needs"):
-        unmet(["Run"], cfg=cfg, bus=None)  # type: ignore[list-item]
+        unmet(["redis", "coffee"], cfg=cfg, bus=bus)
+    for bad in ("Run", "member:", "member:L:0", "member"):
+        with pytest.raises(ValueError, match="unknown needs"):
+            unmet([bad], cfg=cfg, bus=None)
+
+
+def test_a_member_is_live_while_its_own_beat_is_fresh(
+    bus: MemoryBus, clock: FakeClock, cfg: DDQConfig, start_sync: Callable[[], None]
+) -> None:
+    never = unmet(["member:L0"], cfg=cfg, bus=bus)
+    assert never is not None and f"a live 'L0' in run {RUN!r}" in never and "last beat" not in never
+    beat(bus, cfg, "L1")
+    start_sync()  # other members' beats are not L0's
+    assert unmet(["member:L0"], cfg=cfg, bus=bus) is not None
+    assert unmet(["member:sync-0"], cfg=cfg, bus=bus) is None
+    beat(bus, cfg, "L0")
+    assert unmet(["member:L0", "member:L1"], cfg=cfg, bus=bus) is None
+    clock.advance(1.5)  # stale (stalled_after_s 1.0), not yet expired
+    stale = unmet(["member:L0"], cfg=cfg, bus=bus)
+    assert stale is not None and "the last beat 1.5 s ago" in stale
 
 
 # ── wait_for ────────────────────────────────────────────────────────────────────────────────
