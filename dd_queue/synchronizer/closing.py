@@ -59,18 +59,21 @@ class RoundFailed(Exception):
         self.culprits = culprits
 
 
+_Closed = tuple[tuple[EntryOutcome, ...], tuple[ContributorRecord, ...], dict[str, float]]
+"""What a round record takes from the closing: outcomes, contributors, timings."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Merged:
     """The outcome of steps 1-3 (nothing written yet)."""
 
     theta: F32
     momentum: NesterovState
-    result: MergeResult
+    result: MergeResult | None  # None: the merge itself overflowed float32 (nothing is valid)
     outcomes: tuple[EntryOutcome, ...]
     contributors: tuple[ContributorRecord, ...]
     timings_s: dict[str, float]
-    scratch: F32 | None = None  # the merged Δ's buffer (pooled; free once Θ_p is stepped)
-    overflow: str | None = None  # the merge itself overflowed float32 (nothing else is valid)
+    scratch: F32  # the merged Δ's buffer (pooled; free once Θ_p is stepped)
 
 
 def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
@@ -98,7 +101,8 @@ def _merge(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> _Merged:
                 kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
             )
     except CoreError as exc:  # finite contributions whose merged Δ overflows float32
-        return _Merged(theta, momentum, _no_merge(rt), (), (), {}, out, overflow=str(exc))
+        log.debug("merge overflow on fragment %d: %s", rt.fragment_id, exc)
+        return _Merged(theta, momentum, None, (), (), {}, out)
     t1 = clock.now()
     if result.kind == "merged":  # into new arrays: Θ_p and b stay as committed until the commit
         with np.errstate(over="ignore", invalid="ignore"):
@@ -149,7 +153,8 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     bus, p, r, state = ctx.bus, rt.fragment_id, rt.round.round_id, rt.state
     held = [rt.held[learner] for learner in sorted(rt.held)]
     merged = _merge(ctx, rt, held)
-    if not _finite(merged):
+    result = merged.result
+    if result is None or not _finite(merged):
         _release(ctx, merged)
         raise RoundFailed(_culprits(ctx, rt, held))
     ctx.fault("after_merge")
@@ -158,11 +163,12 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
         bus, rt.lease, fragment_id=p, version=version, theta=merged.theta, state=merged.momentum
     )
     merged.timings_s["stage"] = ctx.clock.now() - t_stage
-    reason = f"{decision.reason}; {merged.result.reason}"
+    reason = f"{decision.reason}; {result.reason}"
     settled = [*rt.settled]
     new_state = _merged_state(ctx, rt, decision, now, merged, held, settled, ref, mref, reason)
     evicted = [v.ref for v in state.ring if v not in new_state.ring]
-    record = _record(ctx, rt, decision, now, reason, merged, settled, version=version)
+    closed = (merged.outcomes, merged.contributors, merged.timings_s)
+    record = _record(ctx, rt, decision, now, reason, closed, settled, version=version)
     notice = GlobalFragment(
         run_id=ctx.run_id,
         fragment_id=p,
@@ -184,13 +190,11 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     bus.commit(rt.lease, commit_ops, commit_id=f"{p}:{r}:{version}")
     ctx.fault("after_commit")
     # Committed: the in-memory runtime takes the new version.
-    replaced = [rt.theta, rt.momentum.momentum_buffer, *(h.delta for h in held)]
+    replaced = [rt.theta, rt.momentum.momentum_buffer, merged.scratch, *(h.delta for h in held)]
     rt.theta, rt.momentum, rt.state = merged.theta, merged.momentum, new_state
     rt.ring.push(version, merged.theta)
     rt.round = rt.round.after_merge(round_id=r + ctx.sync.n_fragments, opened_at_s=now)
     rt.announced, rt.decision, rt.held, rt.settled = False, None, {}, []
-    if merged.scratch is not None:
-        replaced.append(merged.scratch)
     ctx.buffers.give(replaced)  # nothing reads them any more
     rt.known.difference_update(entry_ids)
     _delete_payloads(ctx, rt, [*(h.blob for h in held), *(s.blob for s in settled)])
@@ -199,15 +203,15 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
 
 
 def _finite(merged: _Merged) -> bool:
-    return merged.overflow is None and bool(
+    """The merge came out whole: no overflow, Θ_p and the momentum finite."""
+    return merged.result is not None and bool(
         np.isfinite(merged.theta).all() and np.isfinite(merged.momentum.momentum_buffer).all()
     )
 
 
 def _release(ctx: Context, merged: _Merged) -> None:
     """Give back the new arrays of a merge that will not be committed."""
-    spare = [merged.theta, merged.momentum.momentum_buffer]
-    ctx.buffers.give([*spare, *([merged.scratch] if merged.scratch is not None else [])])
+    ctx.buffers.give([merged.theta, merged.momentum.momentum_buffer, merged.scratch])
 
 
 def _culprits(ctx: Context, rt: FragmentRuntime, held: list[Held]) -> list[tuple[Held, str]]:
@@ -286,8 +290,9 @@ def abandon_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: fl
     settled = [*rt.settled]
     new_state = _counted(state, (), settled, [], rounds="rounds_abandoned")
     new_state = dataclasses.replace(new_state, last_reason=decision.reason, committed_by=ctx.owner)
-    empty = _Merged(rt.theta, rt.momentum, _no_merge(rt), carried, (), {})
-    record = _record(ctx, rt, decision, now, decision.reason, empty, settled, version=state.version)
+    record = _record(
+        ctx, rt, decision, now, decision.reason, (carried, (), {}), settled, version=state.version
+    )
     entry_ids = tuple(s.outcome.entry_id for s in settled)
     commit_ops: list[CommitOp] = [
         SetOp(bus.keys.state(p), new_state.to_bytes()),
@@ -309,13 +314,14 @@ def _record(
     decision: Decision,
     now: float,
     reason: str,
-    merged: _Merged,
+    closed: _Closed,
     settled: list[Settled],
     *,
     version: int,
 ) -> RoundRecord:
+    outcomes, contributors, timings_s = closed
     quorum_at = decision.quorum_reached_at_s
-    timings = dict(merged.timings_s)
+    timings = dict(timings_s)
     if decision.grace_window_s is not None:
         timings["grace_window"] = decision.grace_window_s
     return RoundRecord(
@@ -326,8 +332,8 @@ def _record(
         version_after=version,
         decision="merge" if decision.kind == "merge" else "abandon",
         reason=reason,
-        contributors=merged.contributors,
-        entries=(*merged.outcomes, *(s.outcome for s in settled)),
+        contributors=contributors,
+        entries=(*outcomes, *(s.outcome for s in settled)),
         opened_at_s=ctx.wall_at(rt.round.opened_at_s),
         quorum_at_s=None if quorum_at is None else ctx.wall_at(quorum_at),
         closed_at_s=ctx.wall_at(now),
@@ -353,10 +359,6 @@ def _counted(
 def _quorum_sample(rt: FragmentRuntime, decision: Decision) -> float | None:
     reached = decision.quorum_reached_at_s
     return None if reached is None else max(0.0, reached - rt.round.opened_at_s)
-
-
-def _no_merge(rt: FragmentRuntime) -> MergeResult:
-    return MergeResult("no_update", rt.theta, (), (), "mean", (), 0.0, "abandoned")
 
 
 def _delete_payloads(ctx: Context, rt: FragmentRuntime, refs: Sequence[BlobRef | None]) -> None:

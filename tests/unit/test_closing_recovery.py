@@ -585,3 +585,63 @@ def test_staleness_is_recorded_and_a_weightless_round_keeps_theta_and_momentum(b
     momentum3 = load_momentum(bus, state_of(bus, cfg, 0), size=size)
     np.testing.assert_array_equal(momentum3.momentum_buffer, momentum2.momentum_buffer)
     assert momentum3.step == momentum2.step
+
+
+class CountingPool:
+    """Records the arrays a synchronizer's buffer pool hands out and gets back."""
+
+    def __init__(self, pool) -> None:
+        self.taken: list[np.ndarray] = []
+        self.given: list[np.ndarray] = []
+        self._take, self._give = pool.take, pool.give
+        pool.take, pool.give = self.take, self.give
+
+    def take(self, size: int) -> np.ndarray:
+        array = self._take(size)
+        self.taken.append(array)
+        return array
+
+    def give(self, arrays) -> None:
+        arrays = list(arrays)
+        self.given.extend(arrays)
+        self._give(arrays)
+
+    def kept(self) -> list[np.ndarray]:
+        """Arrays taken and not given back."""
+        back = {id(a) for a in self.given}
+        return [a for a in self.taken if id(a) not in back]
+
+
+def test_a_refused_merge_gives_back_every_array_it_took(bus, clock):
+    cfg = make_config(quorum=1, outer_lr=1.0, outer_momentum=0.9)
+    beat(bus, cfg, "L0")
+    sync = new_sync(bus, clock, cfg)
+    r = open_round(sync, clock, 0)
+    pool = CountingPool(sync.ctx.buffers)
+    huge = np.full(size_of(cfg, 0), 3e38, np.float32)
+    contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=huge)
+    sync.pump()
+    assert len(dead_letters(bus, 0)) == 1
+    assert len(pool.taken) >= 6  # Θ, momentum and merged Δ of the merge and of its retry alone
+    assert pool.kept() == []
+
+
+def test_a_merge_keeps_only_the_new_theta_and_momentum(bus, clock):
+    cfg = make_config(quorum=1)
+    beat(bus, cfg, "L0")
+    sync = new_sync(bus, clock, cfg)
+    r = open_round(sync, clock, 0)
+    old = (sync.fragments[0].theta, sync.fragments[0].momentum.momentum_buffer)
+    pool = CountingPool(sync.ctx.buffers)
+    delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+    contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=delta)
+    sync.pump()
+    assert state_of(bus, cfg, 0).version == 1
+    rt = sync.fragments[0]
+    kept = pool.kept()
+    assert len(kept) == 2 and {id(a) for a in kept} == {
+        id(rt.theta),
+        id(rt.momentum.momentum_buffer),
+    }
+    given = {id(a) for a in pool.given}
+    assert {id(a) for a in old} <= given  # the previous version's arrays are free again
