@@ -15,6 +15,7 @@ fragment pair).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Self
@@ -290,9 +291,22 @@ class RoundRecord(Message):
             )
 
 
+FAULT_BOUNDS: dict[str, tuple[float, float]] = {
+    "duration_s": (0.0, 3600.0),
+    "seconds": (0.0, 3600.0),  # a synchronizer stall without a duration
+    "factor": (1.0, 100.0),
+    "delay_s": (0.0, 600.0),
+    "count": (0.0, 100.0),
+}
+"""``name → (low, high)``: a fault command's duration and numeric parameters must lie in
+``(low, high]``. Checked where a command is decoded, so a command written straight into Redis
+is held to the same bounds as the HTTP API's (which uses these numbers)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class FaultCommand(Message):
-    """An injected fault for ``target`` (a learner id, ``"synchronizer"`` or ``"*"``)."""
+    """An injected fault for ``target`` (a learner id, ``"synchronizer"`` or ``"*"``); its
+    duration and numeric parameters lie within :data:`FAULT_BOUNDS`."""
 
     TYPE: ClassVar[str] = "fault"
     run_id: str
@@ -305,6 +319,20 @@ class FaultCommand(Message):
 
     def _validate(self, limits: MessageLimits) -> None:
         require_text(self, "run_id", "fault_id", "target")
+        bounded = {**self.params, "duration_s": self.duration_s}
+        for name, (low, high) in FAULT_BOUNDS.items():
+            value = bounded.get(name)
+            if value is None:
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and math.isfinite(float(value)) and low < float(value) <= high):
+                raise CorruptPayload(
+                    f"FaultCommand {self.fault_id!r}: {name} {value!r} is outside ({low:g}, "
+                    f"{high:g}]; refused"
+                )
+        point = self.params.get("point")
+        if point is not None and not (isinstance(point, str) and 0 < len(point) <= 64):
+            raise CorruptPayload(f"FaultCommand {self.fault_id!r}: point {point!r} is not a name")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

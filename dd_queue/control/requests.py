@@ -12,6 +12,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dd_queue.messages import FAULT_BOUNDS
+
 __all__ = [
     "NAME_PATTERN",
     "RANDOM",
@@ -54,19 +56,28 @@ class FaultRequest(_Body):
     kind: FaultKind = Field(description="What happens to the target.")
     duration_s: float | None = Field(
         None,
-        gt=0,
-        le=3600,
+        gt=FAULT_BOUNDS["duration_s"][0],
+        le=FAULT_BOUNDS["duration_s"][1],
         description="Seconds the fault lasts; required for stall, slow, drop, delay and "
         "disconnect, optional for corrupt (instead of count), refused for kill.",
     )
     factor: float | None = Field(
-        None, gt=1, le=100, description="slow only: step time multiplier (default 3)."
+        None,
+        gt=FAULT_BOUNDS["factor"][0],
+        le=FAULT_BOUNDS["factor"][1],
+        description="slow only: step time multiplier (default 3).",
     )
     delay_s: float | None = Field(
-        None, gt=0, le=600, description="delay only: seconds each contribution is held."
+        None,
+        gt=FAULT_BOUNDS["delay_s"][0],
+        le=FAULT_BOUNDS["delay_s"][1],
+        description="delay only: seconds each contribution is held.",
     )
     count: int | None = Field(
-        None, ge=1, le=100, description="corrupt only: contributions to corrupt (default 1)."
+        None,
+        gt=FAULT_BOUNDS["count"][0],
+        le=FAULT_BOUNDS["count"][1],
+        description="corrupt only: contributions to corrupt (default 1).",
     )
     by: Operator = "api"
 

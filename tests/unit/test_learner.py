@@ -405,3 +405,27 @@ def test_still_open_names_the_newest_round_of_each_fragment_not_yet_merged():
     }
     assert still_open(openings, states) == {1: 9, 2: 6}  # type: ignore[arg-type]
     assert still_open(openings, {}) == {0: 8, 1: 9, 2: 6}  # no states: all open
+
+
+def test_a_forged_command_beyond_the_bounds_is_refused_by_the_learner(caplog):
+    """A 1e9 s stall written straight into Redis (the HTTP API would refuse it) is not armed:
+    the learner logs why and keeps training."""
+    import msgpack
+
+    from dd_queue.messages import ENTRY_FIELD
+
+    rig = make_rig()
+    good = FaultCommand(
+        run_id="tl", fault_id="f-forged", target="L0", kind="stall", params={},
+        duration_s=5.0, issued_at_s=0.0,
+    )  # fmt: skip
+    body = msgpack.unpackb(good.to_bytes(), strict_map_key=False)
+    body["duration_s"] = 1e9
+    ops.send_command(rig.bus, "L0", {ENTRY_FIELD: msgpack.packb(body)})
+    with caplog.at_level("WARNING", logger="dd_queue"):
+        assert rig.learner.pump().commands == 0
+    assert list(rig.learner.injector.active()) == []
+    assert any(
+        "duration_s 1000000000.0 is outside (0, 3600]" in r.getMessage() for r in caplog.records
+    )
+    assert rig.learner.step().action != "stalled"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from typing import Any
 
 import msgpack
@@ -496,3 +497,48 @@ def test_damaged_blobs() -> None:
     too_small = MessageLimits(tensor=DecodeLimits(max_payload_bytes=100))
     with pytest.raises(PayloadTooLarge):
         unpack_blob(blob, limits=too_small, **args)
+
+
+def _forged_command(**changes: Any) -> bytes:
+    """A fault command's envelope with fields changed after encoding (as a writer to Redis
+    that skips the HTTP API would send it)."""
+    good = FaultCommand(
+        run_id=RUN, fault_id="f-9", target="L0", kind="stall", params={}, duration_s=5.0,
+        issued_at_s=1.7e9,
+    )  # fmt: skip
+    body = envelope(good)
+    for name, value in changes.items():
+        if name in ("duration_s",):
+            body[name] = value
+        else:
+            body["params"] = {**body["params"], name: value}
+    return msgpack.packb(body)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"duration_s": 1e9}, "duration_s 1000000000.0 is outside (0, 3600]"),
+        ({"duration_s": 0.0}, "duration_s 0.0 is outside (0, 3600]"),
+        ({"duration_s": -5.0}, "fault.duration_s must be float"),  # (the wire: finite, >= 0)
+        ({"duration_s": float("nan")}, "fault.duration_s must be float"),
+        ({"factor": 1e6}, "factor 1000000.0 is outside (1, 100]"),
+        ({"factor": 1.0}, "factor 1.0 is outside (1, 100]"),
+        ({"delay_s": 601}, "delay_s 601 is outside (0, 600]"),
+        ({"seconds": 3601.0}, "seconds 3601.0 is outside (0, 3600]"),
+        ({"count": 0}, "count 0 is outside (0, 100]"),
+        ({"factor": "3"}, "factor '3' is outside"),
+        ({"factor": True}, "factor True is outside"),
+        ({"point": ""}, "point '' is not a name"),
+        ({"point": 7}, "point 7 is not a name"),
+    ],
+)
+def test_fault_commands_out_of_bounds_are_refused_where_they_are_decoded(changes, words):
+    with pytest.raises(CorruptPayload, match=re.escape(words)):
+        FaultCommand.from_bytes(_forged_command(**changes), run_id=RUN, limits=LIMITS)
+
+
+def test_fault_commands_at_the_bounds_decode():
+    for changes in ({"duration_s": 3600.0}, {"factor": 100}, {"delay_s": 600.0},
+                    {"count": 100}, {"seconds": 0.5}, {"point": "after_merge"}):  # fmt: skip
+        FaultCommand.from_bytes(_forged_command(**changes), run_id=RUN, limits=LIMITS)
