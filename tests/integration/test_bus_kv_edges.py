@@ -414,6 +414,9 @@ def test_redis_server_time_is_redis_time(bus_case: BusCase) -> None:
             assert abs(fraction_us - round(fraction_us)) < 0.2
     finally:
         raw.close()
+    # TIME's reply read exactly: seconds + microseconds / 10^6
+    bus._conn.heartbeat.time = lambda: [b"1700000000", b"999999"]  # type: ignore[method-assign]
+    assert bus.server_time_s() == 1700000000 + 999999 / 1e6
 
 
 @REDIS_ONLY
@@ -452,7 +455,9 @@ def test_redis_calls_after_close_name_the_operation(bus_case: BusCase) -> None:
         "time": bus.server_time_s,
         "heartbeat": lambda: bus.heartbeat("L0", b"", ttl_s=30),
         "heartbeats": bus.heartbeats,
+        "delete": lambda: bus.delete(["k"]),
     }
+    assert bus.delete([]) == 0  # deleting nothing needs no server
     for what, call in calls.items():
         with pytest.raises(BusError) as caught:
             call()

@@ -295,6 +295,27 @@ def test_the_round_record_stream_stays_capped_across_abandons(bus, clock):
     assert bus.stream_length(bus.keys.rounds(0)) <= 16
 
 
+def test_the_notice_and_round_record_streams_stay_capped_across_merges(bus, clock):
+    cfg = make_config(quorum=1, redis__stream_maxlen=16, version_ring=2, max_staleness=1)
+    beat(bus, cfg, "L0")
+    sync = new_sync(bus, clock, cfg)
+    delta = np.full(size_of(cfg, 0), 1e-3, np.float32)
+    for version in range(20):
+        r = open_round(sync, clock, 0)
+        contribute(
+            bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=version, delta=delta
+        )
+        for _ in range(20):
+            sync.pump()
+            if state_of(bus, cfg, 0).version == version + 1:
+                break
+            clock.advance(0.01)
+        beat(bus, cfg, "L0")
+    assert state_of(bus, cfg, 0).version == 20
+    assert bus.stream_length(bus.keys.rounds(0)) <= 16
+    assert bus.stream_length(bus.keys.down(0)) <= 16
+
+
 # ── recovery: the latest round, pending entries, reclaim ───────────────────────────────────
 
 
@@ -645,3 +666,25 @@ def test_a_merge_keeps_only_the_new_theta_and_momentum(bus, clock):
     }
     given = {id(a) for a in pool.given}
     assert {id(a) for a in old} <= given  # the previous version's arrays are free again
+
+
+def test_a_kill_right_after_the_commit_keeps_the_commit_and_applies_it_once(bus, clock):
+    cfg = make_config(quorum=1)
+    injector = FaultInjector("sync-0", clock=clock)
+    sync = new_sync(bus, clock, cfg, injector=injector)
+    r = open_round(sync, clock, 0)
+    delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+    entry = contribute(
+        bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=delta
+    )
+    injector.arm("kill", fault_id="k", params={"point": "after_commit"})
+    with pytest.raises(Exception, match="after_commit"):
+        sync.pump()
+    assert state_of(bus, cfg, 0).version == 1 and pending_count(bus, 0) == 0  # committed whole
+    again = new_sync(bus, clock, cfg)
+    for _ in range(5):
+        again.pump()
+        clock.advance(0.05)
+    assert state_of(bus, cfg, 0).version == 1
+    [record] = records(bus, cfg, 0)
+    assert [e.entry_id for e in record.entries] == [entry]
