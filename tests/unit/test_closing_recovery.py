@@ -688,3 +688,34 @@ def test_a_kill_right_after_the_commit_keeps_the_commit_and_applies_it_once(bus,
     assert state_of(bus, cfg, 0).version == 1
     [record] = records(bus, cfg, 0)
     assert [e.entry_id for e in record.entries] == [entry]
+
+
+@pytest.mark.parametrize("anchor", ["learner", "synchronizer"])
+def test_a_stale_contribution_is_anchored_as_the_config_says(bus, clock, anchor):
+    """lr 1, μ 0: Θ(v+1) = Θ(v) − Δ'. Learner anchoring keeps Δ as sent; synchronizer
+    anchoring moves it to the current version first (Δ' = Θ(now) − Θ(base) + Δ), so the
+    stale learner's model itself becomes the global one."""
+    cfg = make_config(outer_lr=1.0, outer_momentum=0.0, merge_rule="mean", anchor=anchor)
+    beat(bus, cfg, "L0"), beat(bus, cfg, "L1")
+    sync = new_sync(bus, clock, cfg)
+    theta0 = sync.theta(0).copy()
+    first = np.full(theta0.size, 0.5, np.float32)
+    r = open_round(sync, clock, 0)
+    contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=first)
+    for _ in range(100):  # the grace window for L1 passes
+        sync.pump()
+        if state_of(bus, cfg, 0).version == 1:
+            break
+        clock.advance(0.05)
+    theta1 = sync.theta(0).copy()
+    assert state_of(bus, cfg, 0).version == 1
+    stale = np.full(theta0.size, 0.25, np.float32)  # made against v0
+    r = open_round(sync, clock, 0)
+    contribute(bus, cfg, learner_id="L1", fragment_id=0, round_id=r, base_version=0, delta=stale)
+    for _ in range(100):
+        sync.pump()
+        if state_of(bus, cfg, 0).version == 2:
+            break
+        clock.advance(0.05)
+    expected = theta1 - stale if anchor == "learner" else theta0 - stale
+    np.testing.assert_allclose(sync.theta(0), expected, rtol=0, atol=1e-6)
