@@ -89,6 +89,9 @@ def test_blob_argument_errors_name_the_argument(bus_case: BusCase) -> None:
     for put in (
         lambda: bus.put_blob(key, too_big, ttl_s=60),
         lambda: bus.put_blobs([(key, too_big)], ttl_s=60),
+        lambda: bus.append_with_blob(
+            bus.keys.up(0), {"m": b"1"}, blob_key=key, data=too_big, ttl_s=60
+        ),
     ):
         with pytest.raises(InvalidArgument) as caught:
             put()
@@ -456,9 +459,22 @@ def test_redis_calls_after_close_name_the_operation(bus_case: BusCase) -> None:
         "heartbeat": lambda: bus.heartbeat("L0", b"", ttl_s=30),
         "heartbeats": bus.heartbeats,
         "delete": lambda: bus.delete(["k"]),
+        "remove_heartbeat": lambda: bus.remove_heartbeat("L0"),
     }
     assert bus.delete([]) == 0  # deleting nothing needs no server
     for what, call in calls.items():
         with pytest.raises(BusError) as caught:
             call()
         assert str(caught.value) == f"bus closed: {what} after close() (build a new bus)"
+
+
+@REDIS_ONLY
+def test_redis_refusing_an_append_names_it_for_either_kind_of_blob(bus_case: BusCase) -> None:
+    """The stream key holds a string: XADD is refused (WRONGTYPE) on the contribution path
+    (one pipeline) and on the fenced path (blob first, then XADD)."""
+    bus = _need_redis(bus_case)
+    stream = bus.keys.up(0)
+    bus.set(stream, b"not a stream")
+    for blob_key in (bus.keys.up_blob(0, 1, "L0"), bus.keys.global_blob(0, 1, 7)):
+        with pytest.raises(BusError, match=r"^Redis refused append_with_blob: .*WRONGTYPE"):
+            bus.append_with_blob(stream, {"m": b"1"}, blob_key=blob_key, data=b"x", ttl_s=60)
