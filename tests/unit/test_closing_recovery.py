@@ -498,9 +498,12 @@ def _cancelling_pair(n: int, x: float) -> tuple[np.ndarray, np.ndarray]:
     return one, two
 
 
-def test_a_merge_that_overflows_float32_dead_letters_the_pair_and_the_run_goes_on(bus, clock):
+def test_a_merge_that_overflows_float32_dead_letters_the_pair_and_the_run_goes_on(
+    bus, clock, caplog
+):
     """Each Δ (2.5e38) is fine alone, their RDA merge (3.5e38) is not: the merge used to
     raise out of the loop (the synchronizer exited, and again after every restart)."""
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
     cfg = make_config(quorum=2, merge_rule="rda", outer_lr=0.1, outer_momentum=0.0)
     beat(bus, cfg, "L0")
     beat(bus, cfg, "L1")
@@ -516,6 +519,11 @@ def test_a_merge_that_overflows_float32_dead_letters_the_pair_and_the_run_goes_o
     assert reasons == [f"overflow: the 2 contributions of round {r} together make the merge "
                        "non-finite"] * 2  # fmt: skip
     assert sync.versions()[0] == 0 and records(bus, cfg, 0) == []
+    overflows = messages(caplog, "merge overflow on fragment 0: ")
+    assert overflows and all(
+        m.endswith("the merged delta overflowed float32; contributions are far too large")
+        for m in overflows
+    ), overflows
     good = np.full(size_of(cfg, 0), 0.01, np.float32)
     r2 = _next_round(
         sync, bus, cfg, clock, 0, r
@@ -719,3 +727,56 @@ def test_a_stale_contribution_is_anchored_as_the_config_says(bus, clock, anchor)
         clock.advance(0.05)
     expected = theta1 - stale if anchor == "learner" else theta0 - stale
     np.testing.assert_allclose(sync.theta(0), expected, rtol=0, atol=1e-6)
+
+
+def test_an_overflowing_merge_gives_back_every_array_it_took(bus, clock):
+    """The merge itself overflows (RDA of a cancelling pair at 2.5e38): Θ, momentum and the
+    merged-Δ buffer of every attempt go back to the pool."""
+    cfg = make_config(quorum=2, merge_rule="rda", outer_lr=0.1, outer_momentum=0.0)
+    beat(bus, cfg, "L0"), beat(bus, cfg, "L1")
+    sync = new_sync(bus, clock, cfg)
+    r = open_round(sync, clock, 0)
+    pool = CountingPool(sync.ctx.buffers)
+    one, two = _cancelling_pair(size_of(cfg, 0), 2.5e38)
+    contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=one)
+    contribute(bus, cfg, learner_id="L1", fragment_id=0, round_id=r, base_version=0, delta=two)
+    for _ in range(5):
+        sync.pump()
+        clock.advance(0.05)
+    assert len(dead_letters(bus, 0)) == 2
+    assert len(pool.taken) >= 9  # the merge of both, then each alone: 3 arrays each
+    assert pool.kept() == []
+
+
+def test_a_contribution_the_anchoring_drops_is_recorded_with_its_reason(bus, clock):
+    """max_staleness 3 admits a contribution 2 versions behind, but a ring of 1 version has
+    no Θ(v0) to re-anchor it from: it is dropped, and the record says why."""
+    cfg = make_config(quorum=1, version_ring=1, max_staleness=3, outer_momentum=0.0)
+    beat(bus, cfg, "L0")
+    sync = new_sync(bus, clock, cfg)
+    delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+    for version in range(2):
+        r = open_round(sync, clock, 0)
+        contribute(
+            bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=version, delta=delta
+        )
+        for _ in range(50):
+            sync.pump()
+            if state_of(bus, cfg, 0).version == version + 1:
+                break
+            clock.advance(0.05)
+    assert state_of(bus, cfg, 0).version == 2
+    r = open_round(sync, clock, 0)
+    stale = contribute(
+        bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=delta
+    )
+    for _ in range(200):
+        sync.pump()
+        if any(e.entry_id == stale for rec in records(bus, cfg, 0) for e in rec.entries):
+            break
+        clock.advance(0.05)
+    [entry] = [e for rec in records(bus, cfg, 0) for e in rec.entries if e.entry_id == stale]
+    assert (entry.outcome, entry.reason) == (
+        "dropped",
+        "L0: base v0 left the ring (holds v2..v2); dropped as too stale",
+    )
