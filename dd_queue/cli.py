@@ -29,6 +29,7 @@ from dd_queue.errors import DDQError, exit_code
 
 COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.acl",
+    "dd_queue.auth",
     "dd_queue.control.cli",
     "dd_queue.learner.cli",
     "dd_queue.runner.cli",

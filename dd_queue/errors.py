@@ -8,7 +8,8 @@ Catch ``DDQError`` to catch them all. Each message says what went wrong *and wha
     │   ├── CorruptPayload       truncated, bit-flipped, bad checksum, inconsistent lengths
     │   ├── IncompatibleMessage  wrong schema_version, run_id, codec or dtype
     │   ├── PayloadTooLarge      over a configured size limit (envelope, decompressed, elements)
-    │   └── NonFiniteValues      NaN or Inf where only finite numbers may appear
+    │   ├── NonFiniteValues      NaN or Inf where only finite numbers may appear
+    │   └── Unauthenticated      no valid signature of the party that must have written it
     ├── BusError                 the Redis bus (or its in-memory twin) failed
     │   ├── BusUnavailable       the server could not be reached within the bounded retry time
     │   ├── LeaseLost            the caller no longer holds the lease it acted under (fenced)
@@ -70,6 +71,13 @@ class NonFiniteValues(ProtocolError):
     reason = "non_finite"
 
 
+class Unauthenticated(ProtocolError):
+    """A message or blob without a valid signature of the party that must have written it
+    (``dd_queue.auth``): forged, replayed under another name, or from a member without a key."""
+
+    reason = "unauthenticated"
+
+
 class BusError(DDQError):
     """The bus failed in a way the caller must handle."""
 
@@ -121,5 +129,6 @@ __all__ = [
     "NotReady",
     "PayloadTooLarge",
     "ProtocolError",
+    "Unauthenticated",
     "exit_code",
 ]

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dd_queue.auth import Auth, KeyRing
 from dd_queue.bus import Entry, RedisBus, RedisOptions, ops
 from dd_queue.core.fragments import Fragment
 from dd_queue.core.merge import F32, F64, segment_sq_norms
@@ -209,6 +210,8 @@ class FetchProcesses:
         options: Redis client options.
         limits: Message limits (``WireConfig.message_limits()``).
         norms: Compute Δ's squared segment norms (an RDA merge) after decoding it.
+        keyring: The run's public keys: children check each contribution's signatures
+            (``dd_queue.auth``); None checks none.
     """
 
     def __init__(
@@ -220,12 +223,13 @@ class FetchProcesses:
         options: RedisOptions,
         limits: MessageLimits,
         norms: bool,
+        keyring: KeyRing | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"fetch processes must be ≥ 1, got {count}")
         if not available():
             raise RuntimeError("fetch processes need Linux (memfd and SEQPACKET sockets)")
-        self._settings = (url, run_id, options, limits, norms)
+        self._settings = (url, run_id, options, limits, norms, keyring)
         # a read retries Redis for up to unavailable_after_s, then replies with the error
         self._reply_timeout_s = options.unavailable_after_s + 60.0
         self._children: list[_Child | None] = [None] * count
@@ -379,7 +383,8 @@ def _serve(sock: socket.socket) -> None:
     settings = sock.recv(MAX_PACKET)
     if not settings:
         return  # the parent went away before it said anything
-    url, run_id, options, limits, norms = pickle.loads(settings)
+    url, run_id, options, limits, norms, keyring = pickle.loads(settings)
+    auth = Auth(keyring=keyring)
     bytearray(8 << 20)  # glibc keeps ~1 MB payload buffers on its heap from now on
     bus = RedisBus(url, run_id, options=options)
     maps: OrderedDict[int, mmap.mmap] = OrderedDict()  # inode → mapping
@@ -400,7 +405,8 @@ def _serve(sock: socket.socket) -> None:
                 gone.close()
         reply: tuple[Any, bool, Any]
         try:
-            reply = (ticket, True, _read(bus, entry, fragment, maps, fds, offset, limits, norms))
+            read = _read(bus, entry, fragment, maps, fds, offset, limits, norms, auth)
+            reply = (ticket, True, read)
         except Exception as exc:  # every error goes back to the parent, which raises it
             reply = (ticket, False, exc)
         sock.send(pickle.dumps(reply))
@@ -415,6 +421,7 @@ def _read(
     offset: int,
     limits: MessageLimits,
     norms: bool,
+    auth: Auth,
 ) -> Reply:
     """``read_contribution`` into the shared array and the norms, or ``"inline"`` for another
     size. No view of a mapping outlives the call (the next request may unmap it)."""
@@ -425,7 +432,7 @@ def _read(
     if parsed.tensor.n_elements != fragment.size:
         return "inline"
     msg, delta = ops.read_contribution(
-        bus, entry, run_id=run_id, limits=limits, out=out, parsed=parsed, codes=True
+        bus, entry, run_id=run_id, limits=limits, out=out, parsed=parsed, codes=True, auth=auth
     )
     return msg, (segment_sq_norms(delta, fragment) if norms else None)
 

@@ -34,12 +34,12 @@ from typing import Any, Protocol
 
 import redis
 
+from dd_queue.auth import Auth
 from dd_queue.bus import Bus, RedisBus, ops
 from dd_queue.bus._redis_conn import RedisOptions, client_kwargs, redact_url
 from dd_queue.clock import Clock, SystemClock
 from dd_queue.config import CONFIG_HELP, DDQConfig, load_config
 from dd_queue.errors import DDQError, NotReady, exit_code
-from dd_queue.messages import Heartbeat
 
 __all__ = ["NEEDS", "Need", "Stop", "register", "unmet", "wait_for"]
 
@@ -123,10 +123,13 @@ def _beat_missing(bus: Bus, cfg: DDQConfig, member: str | None) -> str | None:
     """None when a heartbeat fresher than ``membership.stalled_after_s`` is there: of ``member``
     (a learner id, a synchronizer id), or of any synchronizer when ``member`` is None."""
     fresh_s, limits = cfg.membership.stalled_after_s, cfg.wire.message_limits()
+    auth = Auth.load(cfg.auth, cfg.run.run_id, None)  # a forged heartbeat is no live member
     ages = []
-    for info in bus.heartbeats().values():
+    for name, info in bus.heartbeats().items():
         try:
-            beat = Heartbeat.from_bytes(info.payload, run_id=cfg.run.run_id, limits=limits)
+            beat = ops.read_heartbeat(
+                name, info.payload, run_id=cfg.run.run_id, limits=limits, auth=auth
+            )
         except DDQError:
             continue
         if beat.member_id == member or (member is None and beat.role == "synchronizer"):

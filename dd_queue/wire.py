@@ -9,14 +9,16 @@ field's type (CorruptPayload: missing, extra or mistyped; counts, times and weig
 and ≥ 0). Per-message rules belong to the message classes.
 
 A tensor payload is stored as a blob (``pack_blob``): ``b"DDQB"``, a little-endian uint32 header
-length, a msgpack header (schema_version, run_id, blob_key, tensor header), zero padding to a
+length, a msgpack header (schema_version, run_id, blob_key, tensor header, the writer's signature
+or empty bytes; ``dd_queue.auth``), zero padding to a
 64-byte boundary (so the payload is aligned for numpy), then the codec payload. Where the blob
 lives is said once, by the bus's ``BlobRef`` in the same stream entry (``dd_queue.bus.ops``); the
 header records the key the blob was written for, and ``unpack_blob`` refuses a blob read through a
 reference to another key, or holding another tensor than the entry describes.
 
-Schema history: 2 dropped ``blob_key``/``blob_nbytes``/``n_chunks`` from contributions and global
-fragments (the bus's reference is the payload's only location).
+Schema history: 3 added the blob header's ``sig``; 2 dropped ``blob_key``/``blob_nbytes``/
+``n_chunks`` from contributions and global fragments (the bus's reference is the payload's only
+location).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import dataclasses
 import math
 import struct
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import (
     Annotated,
     Any,
@@ -47,6 +49,8 @@ __all__ = [
     "BLOB_MAGIC",
     "ENTRY_FIELD",
     "SCHEMA_VERSION",
+    "BlobCheck",
+    "BlobSigner",
     "MessageLimits",
     "blob_parts",
     "decode_envelope",
@@ -58,7 +62,7 @@ __all__ = [
     "unpack_envelope",
 ]
 
-SCHEMA_VERSION: int = 2
+SCHEMA_VERSION: int = 3
 ENTRY_FIELD = "m"
 BLOB_MAGIC = b"DDQB"
 _BLOB_ALIGN_BYTES = 64
@@ -222,7 +226,7 @@ def _convert(value: object, tp: Any, path: str) -> object:
         ):
             return value
         return _bad(path, "a string, finite number, boolean or nil", value)
-    if tp in (int, float) or origin is Literal or tp in (str, bool, type(None)):
+    if tp in (int, float) or origin is Literal or tp in (str, bytes, bool, type(None)):
         return _scalar(value, tp, path)
     if origin in (Union, types.UnionType):
         for arm in args:
@@ -279,9 +283,19 @@ class _BlobHeader:
     run_id: str
     blob_key: str
     tensor: TensorHeader
+    sig: bytes
 
 
-def blob_parts(*, run_id: str, blob_key: str, encoded: EncodedTensor) -> tuple[bytes, memoryview]:
+BlobSigner = Callable[[str, TensorHeader, memoryview], bytes | None]
+"""``(blob_key, tensor header, payload) → signature`` (``dd_queue.auth``), or None: unsigned."""
+BlobCheck = Callable[[str, TensorHeader, memoryview, bytes], None]
+"""``(blob_key, tensor header, payload, signature)``: raises ``Unauthenticated`` if it is not
+the expected writer's."""
+
+
+def blob_parts(
+    *, run_id: str, blob_key: str, encoded: EncodedTensor, sign: BlobSigner | None = None
+) -> tuple[bytes, memoryview]:
     """The stored form of a tensor payload as two buffers, written back to back: prefix (magic,
     header length, header, padding) and the codec payload itself (not copied).
 
@@ -289,17 +303,23 @@ def blob_parts(*, run_id: str, blob_key: str, encoded: EncodedTensor) -> tuple[b
         run_id: The writer's run.
         blob_key: The key the blob is stored under (checked by ``unpack_blob``).
         encoded: The codec output.
+        sign: The writer's signature of key, tensor header and payload, kept in the header.
     """
+    payload = memoryview(encoded.payload).cast("B")
+    sig = (sign(blob_key, encoded.header, payload) if sign is not None else None) or b""
     header = encode_envelope(
-        _BlobHeader.TYPE, _BlobHeader(run_id=run_id, blob_key=blob_key, tensor=encoded.header)
+        _BlobHeader.TYPE,
+        _BlobHeader(run_id=run_id, blob_key=blob_key, tensor=encoded.header, sig=sig),
     )
     padding = -(_PREFIX.size + len(header)) % _BLOB_ALIGN_BYTES
     return _PREFIX.pack(BLOB_MAGIC, len(header)) + header + bytes(padding), encoded.payload
 
 
-def pack_blob(*, run_id: str, blob_key: str, encoded: EncodedTensor) -> bytes:
+def pack_blob(
+    *, run_id: str, blob_key: str, encoded: EncodedTensor, sign: BlobSigner | None = None
+) -> bytes:
     """``blob_parts`` joined into one bytes object (one copy of the payload)."""
-    return b"".join(blob_parts(run_id=run_id, blob_key=blob_key, encoded=encoded))
+    return b"".join(blob_parts(run_id=run_id, blob_key=blob_key, encoded=encoded, sign=sign))
 
 
 def unpack_blob(
@@ -309,6 +329,7 @@ def unpack_blob(
     blob_key: str,
     expect: TensorHeader,
     limits: MessageLimits,
+    check: BlobCheck | None = None,
 ) -> memoryview:
     """Check a stored blob against the stream entry that references it; return its payload.
 
@@ -318,6 +339,7 @@ def unpack_blob(
         blob_key: The key the entry's reference points to (``BlobRef.key``).
         expect: The tensor header of the referencing message.
         limits: Size limits.
+        check: Checks the header's signature of the payload (``dd_queue.auth``), last.
 
     Returns:
         A zero-copy view of the codec payload, for ``dd_queue.core.codec.decode``.
@@ -350,4 +372,6 @@ def unpack_blob(
         raise PayloadTooLarge(
             f"blob {blob_key!r} payload of {payload.nbytes} bytes is over the limit"
         )
+    if check is not None:
+        check(blob_key, header.tensor, payload, header.sig)
     return payload

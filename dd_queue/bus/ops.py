@@ -22,14 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dd_queue.auth import CONTROL, OPEN, SYNCHRONIZER, Auth, learner_principal, principal_of
 from dd_queue.bus.base import Bus
 from dd_queue.bus.types import AppendOp, BlobData, BlobRef, Entry, Lease
 from dd_queue.core.blockwise import Delta
 from dd_queue.core.codec import EncodedTensor, Float32Array, TensorHeader, decode, decode_delta
 from dd_queue.errors import BlobMissing, ConfigError, CorruptPayload, PayloadTooLarge, ProtocolError
-from dd_queue.messages import Contribution, GlobalFragment
-from dd_queue.wire import MessageLimits, blob_parts, unpack_blob
+from dd_queue.messages import Contribution, FaultCommand, GlobalFragment, Heartbeat
+from dd_queue.wire import BlobCheck, MessageLimits, blob_parts, unpack_blob
 
+CONTROL_KIND = "fault"
 BLOB_FIELD = "blob"
 """Stream field that holds ``BlobRef.to_bytes()`` of an entry's payload."""
 
@@ -113,6 +115,7 @@ def send_contribution(
     *,
     ttl_s: float,
     maxlen: int | None = None,
+    auth: Auth = OPEN,
 ) -> tuple[str, BlobRef]:
     """Publish a contribution: its blob at ``keys.up_blob(fragment, round, learner)`` and an
     entry (envelope + blob reference) on the fragment's ``up`` stream, in one round trip.
@@ -123,6 +126,7 @@ def send_contribution(
         encoded: The codec output (its payload is written without being copied into a blob).
         ttl_s: Expiry of the blob, seconds (it outlives a round; the synchronizer unlinks it).
         maxlen: Approximate length the ``up`` stream is trimmed to.
+        auth: The learner's key: the entry and the blob are signed with it.
 
     Returns:
         ``(entry id, blob ref)``.
@@ -132,11 +136,16 @@ def send_contribution(
     """
     _check_sendable(bus, msg.run_id, msg.tensor, encoded)
     key = bus.keys.up_blob(msg.fragment_id, msg.round_id, msg.learner_id)
+    stream = bus.keys.up(msg.fragment_id)
+    fields = auth.sign_fields(
+        "contribution", run_id=msg.run_id, where=stream, fields=msg.to_fields()
+    )
+    sign = auth.blob_signer(msg.run_id)
     return bus.append_with_blob(
-        bus.keys.up(msg.fragment_id),
-        msg.to_fields(),
+        stream,
+        fields,
         blob_key=key,
-        data=blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded),
+        data=blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded, sign=sign),
         ttl_s=ttl_s,
         ref_field=BLOB_FIELD,
         maxlen=maxlen,
@@ -152,6 +161,7 @@ def read_contribution(
     out: Float32Array | None = None,
     parsed: Contribution | None = None,
     codes: bool = False,
+    auth: Auth = OPEN,
 ) -> tuple[Contribution, Delta]:
     """Validate an ``up`` entry, fetch its blob and decode it (into ``out`` when given).
 
@@ -167,6 +177,8 @@ def read_contribution(
             the caller made it already (to choose ``out``); it is not parsed again.
         codes: Keep an int8/int4 payload as its codes (``core.codec.decode_delta``: a
             ``Blockwise`` stored in ``out``'s bytes), not decoded to float32.
+        auth: The run's keyring: the entry and the blob must be signed by the learner the
+            message names (a learner id without a key is not a member).
 
     Returns:
         The message and the decoded outer gradient (``out`` itself when given, or with
@@ -180,6 +192,10 @@ def read_contribution(
     """
     msg = parsed or Contribution.from_fields(entry.fields, run_id=run_id, limits=limits)
     _check_stream(entry, bus.keys.up(msg.fragment_id))
+    signer = learner_principal(msg.learner_id)
+    auth.check_fields(
+        "contribution", signer, run_id=run_id, where=entry.stream, fields=entry.fields
+    )
     try:
         expected_key = bus.keys.up_blob(msg.fragment_id, msg.round_id, msg.learner_id)
     except ConfigError as exc:
@@ -187,14 +203,21 @@ def read_contribution(
     ref = blob_ref(entry)
     if ref.key != expected_key:
         raise CorruptPayload(f"entry {entry.id} refers to {ref.key!r}, not {expected_key!r}")
-    payload = _fetch_payload(bus, ref, msg.tensor, run_id=run_id, limits=limits)
+    check = auth.blob_check(run_id, signer)
+    payload = _fetch_payload(bus, ref, msg.tensor, run_id=run_id, limits=limits, check=check)
     if codes:
         return msg, decode_delta(msg.tensor, payload, out=out, limits=limits.tensor)
     return msg, decode(msg.tensor, payload, out=out, limits=limits.tensor)
 
 
 def stage_global_fragment(
-    bus: Bus, lease: Lease, msg: GlobalFragment, encoded: EncodedTensor, *, ttl_s: float
+    bus: Bus,
+    lease: Lease,
+    msg: GlobalFragment,
+    encoded: EncodedTensor,
+    *,
+    ttl_s: float,
+    auth: Auth = OPEN,
 ) -> BlobRef:
     """Write a global fragment's blob before the fenced commit that publishes it.
 
@@ -208,21 +231,33 @@ def stage_global_fragment(
     if msg.tensor.codec != "fp32":
         raise ValueError(f"global fragments must be fp32 (exact), got {msg.tensor.codec!r}")
     key = bus.keys.global_blob(msg.fragment_id, msg.version, lease.token)
+    sign = auth.blob_signer(msg.run_id)
     return bus.put_blob(
-        key, blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded), ttl_s=ttl_s
+        key, blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded, sign=sign), ttl_s=ttl_s
     )
 
 
-def global_notification_fields(msg: GlobalFragment, ref: BlobRef) -> dict[str, bytes]:
-    """Fields of a ``down`` entry: the envelope and the staged blob's reference."""
-    return {**msg.to_fields(), BLOB_FIELD: ref.to_bytes()}
+def global_notification_fields(
+    bus: Bus, msg: GlobalFragment, ref: BlobRef, *, auth: Auth = OPEN
+) -> dict[str, bytes]:
+    """Fields of a ``down`` entry: the envelope, the staged blob's reference and (with a key)
+    the synchronizer's signature of both."""
+    fields = auth.sign_fields(
+        "global",
+        run_id=msg.run_id,
+        where=bus.keys.down(msg.fragment_id),
+        fields=msg.to_fields(),
+        extra=ref.key.encode(),
+    )
+    return {**fields, BLOB_FIELD: ref.to_bytes()}
 
 
 def global_notification_op(
-    bus: Bus, msg: GlobalFragment, ref: BlobRef, *, maxlen: int | None = None
+    bus: Bus, msg: GlobalFragment, ref: BlobRef, *, maxlen: int | None = None, auth: Auth = OPEN
 ) -> AppendOp:
     """The commit op that announces a staged global fragment on its ``down`` stream."""
-    return AppendOp(bus.keys.down(msg.fragment_id), global_notification_fields(msg, ref), maxlen)
+    fields = global_notification_fields(bus, msg, ref, auth=auth)
+    return AppendOp(bus.keys.down(msg.fragment_id), fields, maxlen)
 
 
 def read_global(
@@ -232,15 +267,25 @@ def read_global(
     run_id: str,
     limits: MessageLimits,
     out: Float32Array | None = None,
+    auth: Auth = OPEN,
 ) -> tuple[GlobalFragment, Float32Array]:
     """Validate a ``down`` entry, fetch its blob and decode it bit-exactly (fp32).
 
     Args and raises as ``read_contribution``; the reference must name this fragment's blob of
-    ``msg.version`` (under any fencing token: the commit that appended it was fenced).
+    ``msg.version`` (under any fencing token: the commit that appended it was fenced), and with
+    a keyring the entry and the blob must be signed by the synchronizer.
     """
     msg = GlobalFragment.from_fields(entry.fields, run_id=run_id, limits=limits)
     _check_stream(entry, bus.keys.down(msg.fragment_id))
     ref = blob_ref(entry)
+    auth.check_fields(
+        "global",
+        SYNCHRONIZER,
+        run_id=run_id,
+        where=entry.stream,
+        fields=entry.fields,
+        extra=ref.key.encode(),
+    )
     token = ref.key.rpartition(":t")[2]
     if not token.isdecimal() or ref.key != bus.keys.global_blob(
         msg.fragment_id, msg.version, int(token)
@@ -249,7 +294,8 @@ def read_global(
             f"entry {entry.id} refers to {ref.key!r}, not a blob of fragment "
             f"{msg.fragment_id} version {msg.version}"
         )
-    payload = _fetch_payload(bus, ref, msg.tensor, run_id=run_id, limits=limits)
+    check = auth.blob_check(run_id, SYNCHRONIZER)
+    payload = _fetch_payload(bus, ref, msg.tensor, run_id=run_id, limits=limits, check=check)
     return msg, decode(msg.tensor, payload, out=out, limits=limits.tensor)
 
 
@@ -274,7 +320,13 @@ def _check_stream(entry: Entry, expected: str) -> None:
 
 
 def _fetch_payload(
-    bus: Bus, ref: BlobRef, header: TensorHeader, *, run_id: str, limits: MessageLimits
+    bus: Bus,
+    ref: BlobRef,
+    header: TensorHeader,
+    *,
+    run_id: str,
+    limits: MessageLimits,
+    check: BlobCheck | None,
 ) -> memoryview:
     """Fetch (size bounded first) and check the framing against ``ref`` and ``header``."""
     if ref.nbytes > limits.max_blob_bytes:
@@ -282,14 +334,71 @@ def _fetch_payload(
             f"blob {ref.key!r} of {ref.nbytes} bytes exceeds {limits.max_blob_bytes}"
         )
     blob = bus.get_blob(ref)
-    return unpack_blob(blob, run_id=run_id, blob_key=ref.key, expect=header, limits=limits)
+    return unpack_blob(
+        blob, run_id=run_id, blob_key=ref.key, expect=header, limits=limits, check=check
+    )
 
 
 def send_command(
-    bus: Bus, target: str, fields: Mapping[str, bytes], *, maxlen: int | None = 1000
+    bus: Bus,
+    target: str,
+    fields: Mapping[str, bytes],
+    *,
+    maxlen: int | None = 1000,
+    auth: Auth = OPEN,
 ) -> str:
-    """Append a command to ``target``'s control stream; returns its id."""
-    return bus.append(bus.keys.control(target), fields, maxlen=maxlen)
+    """Append a command to ``target``'s control stream (signed with the control plane's key,
+    if it has one); returns its id."""
+    stream = bus.keys.control(target)
+    signed = auth.sign_fields(CONTROL_KIND, run_id=bus.keys.run_id, where=stream, fields=fields)
+    return bus.append(stream, signed, maxlen=maxlen)
+
+
+def read_command(
+    entry: Entry, *, run_id: str, limits: MessageLimits, auth: Auth = OPEN
+) -> FaultCommand:
+    """Decode a control-stream entry; with a keyring it must be signed by the control plane
+    for this very stream (a command copied to another target does not verify).
+
+    Raises:
+        ProtocolError: Malformed, out of bounds, of another run, or ``Unauthenticated``.
+    """
+    cmd = FaultCommand.from_fields(entry.fields, run_id=run_id, limits=limits)
+    auth.check_fields(CONTROL_KIND, CONTROL, run_id=run_id, where=entry.stream, fields=entry.fields)
+    return cmd
+
+
+def heartbeat(bus: Bus, hb: Heartbeat, *, ttl_s: float, auth: Auth = OPEN) -> None:
+    """Write ``hb`` as its member's heartbeat, sealed with the writer's key if it has one."""
+    data = auth.seal(
+        "heartbeat", run_id=hb.run_id, where=f"heartbeat:{hb.member_id}", data=hb.to_bytes()
+    )
+    bus.heartbeat(hb.member_id, data, ttl_s=ttl_s)
+
+
+def read_heartbeat(
+    member: str, data: bytes, *, run_id: str, limits: MessageLimits, auth: Auth = OPEN
+) -> Heartbeat:
+    """Decode ``member``'s heartbeat; with a keyring it must be sealed by that member
+    (``learner.<id>``, or the synchronizer's or control plane's key for theirs).
+
+    Raises:
+        ProtocolError: Malformed, of another run, of another member than its slot, or
+            ``Unauthenticated`` (a member without a key, or a forged seal).
+    """
+    body, sig = Auth.unsealed(data)
+    hb = Heartbeat.from_bytes(body, run_id=run_id, limits=limits)
+    if hb.member_id != member:
+        raise CorruptPayload(f"heartbeat of {hb.member_id!r} stored as {member!r}'s")
+    auth.check_sealed(
+        "heartbeat",
+        principal_of(hb.role, hb.member_id),
+        run_id=run_id,
+        where=f"heartbeat:{member}",
+        data=body,
+        signature=sig,
+    )
+    return hb
 
 
 def read_commands(
@@ -311,11 +420,14 @@ __all__ = [
     "fetch_blob",
     "global_notification_fields",
     "global_notification_op",
+    "heartbeat",
     "latest_global",
     "publish_contribution",
+    "read_command",
     "read_commands",
     "read_contribution",
     "read_global",
+    "read_heartbeat",
     "rejection_reason",
     "send_command",
     "send_contribution",

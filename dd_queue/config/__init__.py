@@ -17,6 +17,7 @@ from dd_queue.config.loader import (
     validate_config,
 )
 from dd_queue.config.schema import (
+    AuthConfig,
     ControlConfig,
     DataConfig,
     DDQConfig,
@@ -35,6 +36,7 @@ __all__ = [
     "CONFIG_HELP",
     "ENV_PREFIX",
     "PRESETS",
+    "AuthConfig",
     "ControlConfig",
     "DDQConfig",
     "DataConfig",

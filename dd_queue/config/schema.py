@@ -556,6 +556,24 @@ class FaultsConfig(_Section):
     schedule: tuple[FaultSpec, ...] = Field((), description="Faults injected at fixed times.")
 
 
+class AuthConfig(_Section):
+    """Signed messages (``dd_queue.auth``): who may contribute, publish globals, send faults."""
+
+    keys_dir: Path | None = Field(
+        None,
+        description="Directory of keyring.json and this process's <principal>.key (ddq keys); "
+        "null = nothing is signed or checked (anyone who can write to Redis can forge messages).",
+    )
+    key_file: Path | None = Field(
+        None, description="This process's private key, if not <keys_dir>/<principal>.key."
+    )
+    max_command_age_s: float = Field(
+        300.0,
+        gt=0,
+        description="A signed fault command older than this (or seen before) is a replay; refused.",
+    )
+
+
 class DDQConfig(_Section):
     """The whole resolved configuration of one process."""
 
@@ -573,6 +591,7 @@ class DDQConfig(_Section):
     )
     control: ControlConfig = Field(default_factory=ControlConfig, description="Control plane.")
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="Fault injection.")
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="Signed messages.")
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> Self:

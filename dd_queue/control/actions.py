@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+from dd_queue.auth import Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
@@ -54,6 +55,7 @@ class Surroundings(Protocol):
 
     cfg: DDQConfig
     bus: Bus
+    auth: Auth  # signs the fault commands
     clock: Clock
     wall: Callable[[], float]
     rng: random.Random
@@ -140,7 +142,8 @@ class Actions:
                 duration_s=req.duration_s,
                 issued_at_s=wall,
             )
-            commands.append(ops.send_command(self.plane.bus, target, cmd.to_fields()))
+            fields = cmd.to_fields()
+            commands.append(ops.send_command(self.plane.bus, target, fields, auth=self.plane.auth))
         if req.count is not None:
             params = {**params, "count": req.count}
         return commands, params

@@ -15,12 +15,15 @@ A learner that comes back under the same id with a new pid counts a restart.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from dd_queue.bus import HeartbeatInfo
+from dd_queue.auth import OPEN, Auth, Refusals
+from dd_queue.bus import HeartbeatInfo, ops
 from dd_queue.core.membership import Heartbeat as Beat
 from dd_queue.core.membership import MembershipParams, classify
-from dd_queue.errors import DDQError
+from dd_queue.errors import DDQError, ProtocolError
 from dd_queue.messages import Heartbeat, MessageLimits
 
 __all__ = ["LearnerObs", "Members", "SyncObs"]
@@ -81,8 +84,18 @@ class Members:
         limits: Decode limits of heartbeats.
     """
 
-    def __init__(self, run_id: str, params: MembershipParams, limits: MessageLimits) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        params: MembershipParams,
+        limits: MessageLimits,
+        *,
+        auth: Auth = OPEN,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._run_id, self._params, self._limits = run_id, params, limits
+        self._auth, self._clock = auth, clock
+        self.refusals = Refusals()
         self._known: dict[str, _Memory] = {}
         self.learners: tuple[LearnerObs, ...] = ()
         self.synchronizers: tuple[SyncObs, ...] = ()
@@ -93,9 +106,18 @@ class Members:
         syncs: list[SyncObs] = []
         for member, info in sorted(infos.items()):
             try:
-                hb = Heartbeat.from_bytes(info.payload, run_id=self._run_id, limits=self._limits)
-            except DDQError as exc:
-                log.debug("control.heartbeat_ignored %s: %s", member, exc)
+                hb = ops.read_heartbeat(
+                    member, info.payload, run_id=self._run_id, limits=self._limits, auth=self._auth
+                )
+            except DDQError as exc:  # never a member: not shown, not kept
+                reason = exc.reason if isinstance(exc, ProtocolError) else type(exc).__name__
+                due = self.refusals.add("heartbeat", reason, self._clock())
+                log.log(
+                    logging.WARNING if due else logging.DEBUG,
+                    "control.heartbeat_refused %s: %s",
+                    member,
+                    exc,
+                )
                 continue
             if hb.role == "learner":
                 beats[hb.member_id] = (hb, info.age_s)

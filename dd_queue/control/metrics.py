@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.tails import STALENESS_BUCKETS
-from dd_queue.control.views import state_view
+from dd_queue.control.views import refused_view, state_view
 from dd_queue.keys import SYNC_GROUP
 
 __all__ = ["RunCollector", "registry_for"]
@@ -118,7 +118,14 @@ class RunCollector(Collector):
         faults = CounterMetricFamily("ddq_faults", "Faults injected.", labels=["kind"])
         for kind, n in sorted(Counter(r.kind for r in plane.book.records.values()).items()):
             faults.add_metric([kind], n)
-        yield from (states, faults)
+        refused = CounterMetricFamily(
+            "ddq_refused_messages",
+            "Messages refused (unsigned, forged, malformed, replayed), by reader, kind, reason.",
+            labels=["reader", "kind", "reason"],
+        )
+        for view in refused_view(plane):
+            refused.add_metric([view.reader, view.kind, view.reason], view.count)
+        yield from (states, faults, refused)
 
     def _streams(self, plane: ControlPlane) -> Iterator[Metric]:
         bus, keys = plane.bus, plane.bus.keys

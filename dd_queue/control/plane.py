@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from dd_queue.auth import CONTROL, Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
@@ -59,7 +60,8 @@ class ControlPlane:
         self.limits = cfg.wire.message_limits()
         self.lock = threading.RLock()
         self.rng = random.Random(seed)
-        self.members = Members(cfg.run.run_id, cfg.membership.params(), self.limits)
+        self.auth = Auth.load(cfg.auth, cfg.run.run_id, CONTROL)  # signs fault commands
+        self.members = Members(cfg.run.run_id, cfg.membership.params(), self.limits, auth=self.auth)
         self.log = RunLog(bus, cfg.synchronizer.n_fragments, self.limits)
         self.book = FaultBook()
         self.started_s, self.started_at_s = clock.now(), wall()

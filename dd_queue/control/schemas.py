@@ -190,6 +190,15 @@ class ChaosView(_View):
     stored: list[ChaosSchedule] = Field(description="Schedules stored in Redis, newest first.")
 
 
+class RefusedView(_View):
+    """Messages a reader refused (forged, unsigned, malformed, replayed), by kind and reason."""
+
+    reader: str = Field(description="Who refused them: a learner id, a synchronizer, control.")
+    kind: str = Field(description="contribution, global, fault, heartbeat, ...")
+    reason: str = Field(description="unauthenticated, corrupt, incompatible, too_large, ...")
+    count: int
+
+
 class StateView(_View):
     """The run as a whole."""
 
@@ -211,6 +220,10 @@ class StateView(_View):
     chaos: ChaosView
     faults_enabled: bool
     writes_enabled: bool
+    refused: list[RefusedView] = Field(
+        description="Refused messages since the control plane started (dead-lettered "
+        "contributions and every reader's reports; dd_queue.auth)."
+    )
 
 
 class ContributorView(_View):

@@ -102,6 +102,9 @@ class RunLog:
         self.tallies: dict[str, Tally] = {}
         self.staleness: Counter[int] = Counter()
         self.last_round: dict[int, RoundRecord] = {}
+        self.refused: Counter[tuple[str, str, str]] = Counter()
+        """``(reader, message kind, reason)`` → messages refused: dead-lettered contributions
+        and the ``message.refused`` reports of learners and synchronizers."""
 
     def poll(self) -> tuple[list[RoundRecord], list[tuple[str, Event]]]:
         """Read what is new everywhere; returns the new round records (in closing order) and
@@ -112,11 +115,16 @@ class RunLog:
         for tail in self._dlq:
             for entry in tail.poll():
                 self._tally(self._learner_of(entry)).dead_lettered += 1
+                raw = entry.fields.get("ddq.dlq.reason", b"?")
+                tag = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+                self.refused["synchronizer", "contribution", tag.partition(":")[0]] += 1
         new_events = list(self._decode_events())
         for event_id, event in new_events:
             self.events.append((event_id, event))
             if event.kind == "eval.done":
                 self.evals.append(event)
+            elif event.kind == "message.refused":
+                self._count_refused(event)
         return new_rounds, new_events
 
     def _decode_rounds(self) -> Iterator[RoundRecord]:
@@ -150,6 +158,13 @@ class RunLog:
         for c in record.contributors:
             self._tally(c.learner_id).last_weights[record.fragment_id] = c.weight
             self.staleness[c.staleness] += 1
+
+    def _count_refused(self, event: Event) -> None:
+        f = event.fields
+        count = f.get("count")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            key = (str(f.get("reader", "?")), str(f.get("message_kind", "?")), str(f.get("reason")))
+            self.refused[key] += count
 
     def _tally(self, learner_id: str) -> Tally:
         return self.tallies.setdefault(learner_id, Tally())

@@ -24,6 +24,7 @@ from dd_queue.control.schemas import (
     GoodputView,
     LearnerView,
     QuorumView,
+    RefusedView,
     RoundView,
     StateView,
     SynchronizerView,
@@ -33,7 +34,7 @@ from dd_queue.core.policy import Ema, grace_window
 from dd_queue.fragment_state import fragment_of
 from dd_queue.messages import RoundRecord
 
-__all__ = ["chaos_view", "fault_view", "learner_view", "round_view", "state_view"]
+__all__ = ["chaos_view", "fault_view", "learner_view", "refused_view", "round_view", "state_view"]
 
 
 def learner_view(plane: ControlPlane, obs: LearnerObs) -> LearnerView:
@@ -194,7 +195,19 @@ def state_view(plane: ControlPlane, *, writes_enabled: bool) -> StateView:
         chaos=chaos_view(plane),
         faults_enabled=cfg.faults.enabled,
         writes_enabled=writes_enabled,
+        refused=refused_view(plane),
     )
+
+
+def refused_view(plane: ControlPlane) -> list[RefusedView]:
+    """Refused messages by reader, kind and reason: the run log's and the control plane's own."""
+    counts = Counter(plane.log.refused)
+    for (kind, reason), n in plane.members.refusals.total.items():
+        counts["control", kind, reason] += n
+    return [
+        RefusedView(reader=reader, kind=kind, reason=reason, count=n)
+        for (reader, kind, reason), n in sorted(counts.items())
+    ]
 
 
 def _number(value: object) -> float | None:

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dd_queue.bus import Bus
+from dd_queue.auth import OPEN, Auth
+from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.core.fragments import FragmentPlan
 from dd_queue.errors import BusError, ConfigError, DDQError, ProtocolError
@@ -45,14 +46,18 @@ class Identity:
 
 
 def live_owner(
-    bus: Bus, identity: Identity, *, limits: MessageLimits
+    bus: Bus, identity: Identity, *, limits: MessageLimits, auth: Auth = OPEN
 ) -> tuple[Heartbeat | None, float]:
-    """The heartbeat under ``identity.learner_id`` if another process sent it, and its age (s)."""
+    """The heartbeat under ``identity.learner_id`` if another process sent it, and its age (s)
+    (with a keyring, only one sealed with this learner's key counts: a forged heartbeat cannot
+    keep the id's owner out)."""
     info = bus.heartbeats().get(identity.learner_id)
     if info is None:
         return None, 0.0
     try:
-        beat = Heartbeat.from_bytes(info.payload, run_id=bus.keys.run_id, limits=limits)
+        beat = ops.read_heartbeat(
+            identity.learner_id, info.payload, run_id=bus.keys.run_id, limits=limits, auth=auth
+        )
     except ProtocolError:
         return None, info.age_s  # not a learner heartbeat we can read: no live owner to refuse
     if (beat.host, beat.pid) == (identity.host, identity.pid):
@@ -78,6 +83,7 @@ def refuse_if_live(
     limits: MessageLimits,
     ttl_s: float,
     alive: Callable[[int], bool] = pid_alive,
+    auth: Auth = OPEN,
 ) -> None:
     """Raise if another live process holds this learner id.
 
@@ -88,7 +94,7 @@ def refuse_if_live(
     Raises:
         ConfigError: The id has a fresh heartbeat from another host, or from a live pid here.
     """
-    beat, age_s = live_owner(bus, identity, limits=limits)
+    beat, age_s = live_owner(bus, identity, limits=limits, auth=auth)
     if beat is None:
         return
     if beat.host == identity.host and not alive(beat.pid):
@@ -107,13 +113,15 @@ def refuse_if_live(
     )
 
 
-def confirm_owner(bus: Bus, identity: Identity, *, limits: MessageLimits) -> None:
+def confirm_owner(
+    bus: Bus, identity: Identity, *, limits: MessageLimits, auth: Auth = OPEN
+) -> None:
     """After registering: raise if another process overwrote this id's heartbeat since.
 
     Raises:
         ConfigError: Another process registered the same id at the same time.
     """
-    beat, _ = live_owner(bus, identity, limits=limits)
+    beat, _ = live_owner(bus, identity, limits=limits, auth=auth)
     if beat is not None:
         raise ConfigError(
             f"learner id {identity.learner_id!r} was taken at the same time by {beat.host} "
@@ -179,7 +187,9 @@ def register_and_wait(
         fragment's latest round into ``rounds``).
     """
     bus, follower, limits = pump.bus, pump.follower, pump.follower.limits
-    refuse_if_live(bus, identity, limits=limits, ttl_s=pump.settings.heartbeat_ttl_s)
+    refuse_if_live(
+        bus, identity, limits=limits, ttl_s=pump.settings.heartbeat_ttl_s, auth=pump.auth
+    )
     try:
         initial = wait_for_globals(
             follower,
@@ -195,7 +205,7 @@ def register_and_wait(
     if initial is None:
         pump.deregister()
         return None
-    confirm_owner(bus, identity, limits=limits)
+    confirm_owner(bus, identity, limits=limits, auth=pump.auth)
     states = check_run_state(bus, plan, config_digest=config_digest, limits=limits)
     follower.start_at_latest(follower.control)
     openings = follower.scan_opens()  # the position ends at the newest opening

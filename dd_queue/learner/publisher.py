@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from dd_queue.auth import OPEN, Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.core.codec import CodecSpec, DecodeLimits, EncodedTensor, decode, encode
 from dd_queue.learner.exchange import Float32Array, Snapshot
@@ -43,6 +44,7 @@ class PublishSettings:
         error_feedback: Carry lossy codecs' residuals (ignored for fp32).
         ttl_s: Expiry of the payload blob, seconds.
         maxlen: Approximate cap of the ``up`` stream.
+        auth: The learner's key: every contribution (entry and blob) is signed with it.
     """
 
     run_id: str
@@ -52,6 +54,7 @@ class PublishSettings:
     error_feedback: bool
     ttl_s: float
     maxlen: int | None
+    auth: Auth = OPEN
 
 
 class ContributionEncoder:
@@ -120,7 +123,7 @@ def send(bus: Bus, settings: PublishSettings, snapshot: Snapshot, encoded: Encod
         created_at_s=time.time(),
     )
     entry_id, _ = ops.send_contribution(
-        bus, msg, encoded, ttl_s=settings.ttl_s, maxlen=settings.maxlen
+        bus, msg, encoded, ttl_s=settings.ttl_s, maxlen=settings.maxlen, auth=settings.auth
     )
     return entry_id
 

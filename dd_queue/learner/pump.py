@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dd_queue.auth import Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.errors import BusError, NonFiniteValues
@@ -139,6 +140,11 @@ class Pump:
         self._next_realign = now + settings.resync_interval_s
         self._watch: dict[int, tuple[int, float]] = {}  # fragment → (round, watch until)
 
+    @property
+    def auth(self) -> Auth:
+        """The learner's key and the run's keyring (signs its heartbeats and contributions)."""
+        return self.publish.auth
+
     # ── connection state ─────────────────────────────────────────────────────────────────
     @property
     def online(self) -> bool:
@@ -242,8 +248,7 @@ class Pump:
         if not force and now < self._next_beat:
             return False
         self._next_beat = now + self.settings.heartbeat_interval_s
-        payload = self._status().to_bytes()
-        self.bus.heartbeat(self.publish.learner_id, payload, ttl_s=self.settings.heartbeat_ttl_s)
+        ops.heartbeat(self.bus, self._status(), ttl_s=self.settings.heartbeat_ttl_s, auth=self.auth)
         return True
 
     def _arm(self, cmd: FaultCommand) -> int:

@@ -17,19 +17,28 @@ id with the position and rewinds positions that are ahead of their stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
+from dd_queue.auth import OPEN, Auth, FreshCommands, Refusals
 from dd_queue.bus import Bus, Entry, ops
 from dd_queue.bus.types import parse_stream_id
 from dd_queue.core.fragments import FragmentPlan
-from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
+from dd_queue.errors import (
+    BlobMissing,
+    BusError,
+    IncompatibleMessage,
+    ProtocolError,
+    Unauthenticated,
+)
 from dd_queue.learner.exchange import Received
-from dd_queue.messages import FaultCommand, GlobalFragment, MessageLimits, RoundOpen
+from dd_queue.messages import Event, FaultCommand, GlobalFragment, MessageLimits, RoundOpen
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -59,6 +68,10 @@ class Follower:
         learner_id: Whose control stream to follow (plus ``all``).
         limits: Envelope and payload limits.
         now: Clock of ``Received.received_at_s``.
+        auth: The run's keyring: globals must be signed by the synchronizer and commands by
+            the control plane (``dd_queue.auth``); refusals are counted in ``refusals``.
+        wall: Wall-clock seconds (the age of a signed command).
+        max_command_age_s: A signed command older than this is a replay.
     """
 
     def __init__(
@@ -69,8 +82,14 @@ class Follower:
         learner_id: str,
         limits: MessageLimits,
         now: Callable[[], float],
+        auth: Auth = OPEN,
+        wall: Callable[[], float] = time.time,
+        max_command_age_s: float = 300.0,
     ) -> None:
         self.bus, self.plan, self.limits, self._now = bus, plan, limits, now
+        self.auth, self._wall, self.learner_id = auth, wall, learner_id
+        self.refusals = Refusals()
+        self._fresh = FreshCommands(max_command_age_s)
         self.run_id = bus.keys.run_id
         self.down = [bus.keys.down(p) for p in range(plan.n_fragments)]
         self.control = [bus.keys.control(learner_id), bus.keys.control(BROADCAST_TARGET)]
@@ -126,10 +145,23 @@ class Follower:
         return self.read_opens()
 
     def read_commands(self) -> list[FaultCommand]:
-        """Fault commands sent to this learner or to all since the last call."""
+        """Fault commands sent to this learner or to all since the last call (with a
+        keyring: signed by the control plane for that stream, fresh and not seen before)."""
         found: list[FaultCommand] = []
         for stream in self.control:
-            found += self._decode(self._read_new(stream), FaultCommand)
+            for entry in self._read_new(stream):
+                try:
+                    cmd = ops.read_command(
+                        entry, run_id=self.run_id, limits=self.limits, auth=self.auth
+                    )
+                    if self.auth.checks and (
+                        replay := self._fresh.refusal(cmd.fault_id, cmd.issued_at_s, self._wall())
+                    ):
+                        raise Unauthenticated(replay)
+                except ProtocolError as exc:
+                    self._refused("fault", entry, exc)
+                    continue
+                found.append(cmd)
         return found
 
     def _decode(self, entries: list[Entry], kind: type[M]) -> Iterator[M]:
@@ -137,13 +169,32 @@ class Follower:
             try:
                 yield kind.from_fields(entry.fields, run_id=self.run_id, limits=self.limits)
             except ProtocolError as exc:
-                log.warning(
-                    "learner.bad_entry %s %s: %s",
-                    entry.stream,
-                    entry.id,
-                    exc,
-                    extra={"ddq": {"reason": exc.reason}},
-                )
+                self._refused(kind.TYPE, entry, exc)
+
+    def _refused(self, kind: str, entry: Entry, exc: ProtocolError | BlobMissing) -> None:
+        """Count a refused entry; log it and report the counts as ``message.refused`` events
+        (a flood: once an interval, with its count)."""
+        reason = ops.rejection_reason(exc)
+        due = self.refusals.add(kind, reason, self._now())
+        log.log(
+            logging.WARNING if due else logging.DEBUG,
+            "learner.refused %s %s %s: %s",
+            kind,
+            entry.stream,
+            entry.id,
+            exc,
+            extra={"ddq": {"reason": reason, "kind": kind}},
+        )
+        for (k, r), n in due.items():
+            event = Event(
+                run_id=self.run_id,
+                kind="message.refused",
+                message=f"{n} {k} message(s) refused by {self.learner_id}: {r}",
+                fields={"reader": self.learner_id, "message_kind": k, "reason": r, "count": n},
+                at_s=self._wall(),
+            )
+            with contextlib.suppress(BusError):  # best effort: the count stays in ``refusals``
+                ops.emit_event(self.bus, event.to_fields())
 
     # ── global fragments ─────────────────────────────────────────────────────────────────
     def read_globals(
@@ -186,7 +237,12 @@ class Follower:
                 f"elements, this learner's plan {size}: model or n_fragments differ"
             )
         msg, values = ops.read_global(
-            self.bus, entry, run_id=self.run_id, limits=self.limits, out=np.empty(size, np.float32)
+            self.bus,
+            entry,
+            run_id=self.run_id,
+            limits=self.limits,
+            out=np.empty(size, np.float32),
+            auth=self.auth,
         )
         return Received(
             fragment_id=fragment_id,
@@ -200,13 +256,7 @@ class Follower:
         reason = ops.rejection_reason(exc)
         self.rejections.append(Rejection(fragment_id, entry.id, reason, str(exc)))
         del self.rejections[:-100]  # keep the last 100 for inspection
-        log.warning(
-            "global.rejected fragment %d entry %s: %s",
-            fragment_id,
-            entry.id,
-            exc,
-            extra={"ddq": {"fragment": fragment_id, "reason": reason}},
-        )
+        self._refused("global", entry, exc)
 
 
 __all__ = ["BROADCAST_TARGET", "START", "Follower", "Rejection"]

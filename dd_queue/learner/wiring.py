@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dd_queue.auth import Auth, learner_principal
 from dd_queue.bus import Bus
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
@@ -42,8 +43,15 @@ def build_pump(
         status: The learner's heartbeat now (``Learner.heartbeat``).
     """
     outbox, inbox, rounds = queues
+    auth = Auth.load(cfg.auth, bus.keys.run_id, learner_principal(learner_id))
     follower = Follower(
-        bus, plan=plan, learner_id=learner_id, limits=cfg.wire.message_limits(), now=clock.now
+        bus,
+        plan=plan,
+        learner_id=learner_id,
+        limits=cfg.wire.message_limits(),
+        now=clock.now,
+        auth=auth,
+        max_command_age_s=cfg.auth.max_command_age_s,
     )
     settings = publisher.PublishSettings(
         run_id=bus.keys.run_id,
@@ -53,6 +61,7 @@ def build_pump(
         error_feedback=cfg.learner.error_feedback,
         ttl_s=cfg.redis.contribution_ttl_s,
         maxlen=cfg.redis.stream_maxlen,
+        auth=auth,
     )
     return Pump(
         bus=bus,

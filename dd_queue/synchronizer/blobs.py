@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dd_queue.auth import OPEN, SYNCHRONIZER, Auth
 from dd_queue.bus import BlobRef, Bus, Lease
 from dd_queue.core.anchor import VersionRing
 from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
@@ -45,12 +46,15 @@ def stage(
     version: int,
     theta: F32,
     state: NesterovState,
+    auth: Auth = OPEN,
 ) -> tuple[VersionRef, TensorHeader, BlobRef]:
     """Write Θ_p(``version``) (exact fp32) and the outer momentum after it under the lease's
     fencing token, without expiry, in one round trip (``Bus.put_blobs``).
 
     Zero-copy for pooled arrays (module doc): each blob is the array's own memory with its
-    header in front, handed to the socket as it is; neither may change during the call.
+    header in front, handed to the socket as it is; neither may change during the call. With a
+    key, the Θ_p blob's header carries the synchronizer's signature (learners and a
+    synchronizer taking over check it).
 
     Returns:
         The ring entry to commit, the tensor header for the ``GlobalFragment`` notification,
@@ -61,7 +65,10 @@ def stage(
     """
     theta_key = bus.keys.global_blob(fragment_id, version, lease.token)
     encoded = encode_fp32_view(theta)
-    prefix, payload = blob_parts(run_id=bus.keys.run_id, blob_key=theta_key, encoded=encoded)
+    sign = auth.blob_signer(bus.keys.run_id)
+    prefix, payload = blob_parts(
+        run_id=bus.keys.run_id, blob_key=theta_key, encoded=encoded, sign=sign
+    )
     header, body = state_parts(state)
     shared = np.may_share_memory(theta, state.momentum_buffer)  # one headroom: frame one only
     momentum_blob = None if shared else framed(state.momentum_buffer, header)
@@ -81,12 +88,16 @@ def stage(
     return ring_entry, encoded.header, momentum_ref
 
 
-def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -> F32:
-    """Fetch and decode Θ_p of one ring entry (checksum verified).
+def load_theta(
+    bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int, auth: Auth = OPEN
+) -> F32:
+    """Fetch and decode Θ_p of one ring entry (checksum verified; with a keyring, the
+    synchronizer's signature too: a replaced blob never becomes the global model).
 
     Raises:
         BlobMissing: The blob is gone (the run's state was damaged).
-        ProtocolError: The blob does not match its reference.
+        ProtocolError: The blob does not match its reference, or is not signed
+            (``Unauthenticated``).
     """
     blob_ref = ref.ref
     payload = unpack_blob(
@@ -95,6 +106,7 @@ def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -
         blob_key=blob_ref.key,
         expect=ref.tensor,
         limits=limits,
+        check=auth.blob_check(bus.keys.run_id, SYNCHRONIZER),
     )
     theta = decode(ref.tensor, payload, limits=limits.tensor)
     if theta.size != size:
@@ -103,7 +115,13 @@ def load_theta(bus: Bus, ref: VersionRef, *, limits: MessageLimits, size: int) -
 
 
 def load_ring(
-    bus: Bus, state: FragmentState, *, capacity: int, limits: MessageLimits, size: int
+    bus: Bus,
+    state: FragmentState,
+    *,
+    capacity: int,
+    limits: MessageLimits,
+    size: int,
+    auth: Auth = OPEN,
 ) -> tuple[VersionRing, F32]:
     """The version ring (last ``capacity`` versions of the state's ring) and Θ_p(v), a copy.
 
@@ -117,7 +135,7 @@ def load_ring(
     ring = VersionRing(capacity=capacity, size=size)
     for ref in state.ring[-capacity:]:
         try:
-            theta = load_theta(bus, ref, limits=limits, size=size)
+            theta = load_theta(bus, ref, limits=limits, size=size, auth=auth)
         except (BlobMissing, ProtocolError) as exc:
             if ref.version == state.version:
                 raise

@@ -160,7 +160,13 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     ctx.fault("after_merge")
     t_stage, version = ctx.clock.now(), state.version + 1
     ref, header, mref = blobs.stage(
-        bus, rt.lease, fragment_id=p, version=version, theta=merged.theta, state=merged.momentum
+        bus,
+        rt.lease,
+        fragment_id=p,
+        version=version,
+        theta=merged.theta,
+        state=merged.momentum,
+        auth=ctx.auth,
     )
     merged.timings_s["stage"] = ctx.clock.now() - t_stage
     reason = f"{decision.reason}; {result.reason}"
@@ -181,7 +187,7 @@ def merge_round(ctx: Context, rt: FragmentRuntime, decision: Decision, now: floa
     entry_ids = [o.entry_id for o in merged.outcomes] + [s.outcome.entry_id for s in settled]
     commit_ops: list[CommitOp] = [
         SetOp(bus.keys.state(p), new_state.to_bytes()),
-        ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen),
+        ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen, auth=ctx.auth),
         AppendOp(bus.keys.rounds(p), record.to_fields(), ctx.maxlen),
         AckOp(bus.keys.up(p), SYNC_GROUP, tuple(entry_ids)),
         DeleteOp(blobs.delete_keys_of([*evicted, state.momentum_ref])),

@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dd_queue.auth import SYNCHRONIZER, Auth, Refusals
 from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig, SynchronizerConfig
 from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
+from dd_queue.errors import DDQError, ProtocolError
 from dd_queue.faults import Fault, FaultInjector
 from dd_queue.messages import Event, MessageLimits, Scalar
 from dd_queue.synchronizer.buffers import BufferPool
@@ -51,6 +53,10 @@ class Context:
         membership: The liveness thresholds, derived once.
         max_tokens_per_step: A contribution's n_tokens ÷ n_steps above this is implausible.
         buffers: Fragment-sized float32 arrays for reuse (decoded contributions, Θ_p, ...).
+        auth: The synchronizer's key and the run's keyring (``dd_queue.auth``): it signs
+            global fragments and checks contributions, heartbeats and fault commands.
+        refusals: Heartbeats and fault commands it refused, by kind and reason (reported as
+            ``message.refused`` events; refused contributions are dead-lettered instead).
     """
 
     bus: Bus
@@ -66,6 +72,8 @@ class Context:
     membership: MembershipParams = field(init=False)
     max_tokens_per_step: int = field(init=False)
     buffers: BufferPool = field(init=False, default_factory=BufferPool)
+    auth: Auth = field(init=False)
+    refusals: Refusals = field(init=False, default_factory=Refusals)
 
     def __post_init__(self) -> None:
         # Derived once (hashing the tree per message is far too slow). The run digest covers
@@ -78,6 +86,9 @@ class Context:
             1024 * self.cfg.data.batch_size * self.cfg.model.spec().seq_len
         )
         object.__setattr__(self, "max_tokens_per_step", bound)
+        object.__setattr__(
+            self, "auth", Auth.load(self.cfg.auth, self.cfg.run.run_id, SYNCHRONIZER)
+        )
 
     @property
     def sync(self) -> SynchronizerConfig:
@@ -104,6 +115,23 @@ class Context:
             run_id=self.run_id, kind=kind, message=message, fields=fields, at_s=self.wall()
         )
         ops.emit_event(self.bus, event.to_fields(), maxlen=self.maxlen)
+
+    def refused(self, kind: str, what: str, exc: DDQError) -> None:
+        """Count a refused heartbeat or command (``what`` names it in the log); report the
+        counts as ``message.refused`` events at most every few seconds."""
+        reason = exc.reason if isinstance(exc, ProtocolError) else type(exc).__name__
+        due = self.refusals.add(kind, reason, self.clock.now())
+        level = logging.WARNING if due else logging.DEBUG  # a flood logs once an interval
+        log.log(level, "message.refused %s %s: %s", kind, what, exc, extra=_ddq(reason=reason))
+        for (k, r), n in due.items():
+            self.emit(
+                "message.refused",
+                f"{n} {k} message(s) refused: {r}",
+                reader=self.owner,
+                message_kind=k,
+                reason=r,
+                count=n,
+            )
 
     def fault(self, point: str) -> Fault | None:
         """Apply the fault armed at ``point``: ``kill`` calls ``kill``, ``stall`` sleeps for its

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from dd_queue.auth import Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import unflatten_fragment
@@ -38,9 +39,11 @@ def global_model(
 
     Raises:
         NotReady: The run has no state yet (no synchronizer created it).
-        ProtocolError, BlobMissing: A published version does not verify.
+        ProtocolError, BlobMissing: A published version does not verify (with a keyring:
+            is not signed by the synchronizer, ``Unauthenticated``).
     """
     limits, run_id = cfg.wire.message_limits(), cfg.run.run_id
+    auth = Auth.load(cfg.auth, run_id, None)  # only the synchronizer's versions are exported
     tensors: dict[str, npt.NDArray[np.float32]] = {}
     versions: dict[int, int] = {}
     first: FragmentState | None = None
@@ -52,7 +55,7 @@ def global_model(
                 f"run {run_id!r} has no fragment {p} yet; start a synchronizer to create it"
             )
         state = FragmentState.from_bytes(raw, run_id=run_id, limits=limits)
-        msg, theta = ops.read_global(bus, entry, run_id=run_id, limits=limits)
+        msg, theta = ops.read_global(bus, entry, run_id=run_id, limits=limits, auth=auth)
         fragment = fragment_of(state)
         if theta.size != fragment.size:
             raise CorruptPayload(f"fragment {p}: {theta.size} elements, state says {fragment.size}")

@@ -18,12 +18,13 @@ import socket
 import statistics
 from collections.abc import Mapping
 
+from dd_queue.auth import FreshCommands
 from dd_queue.bus import ops
 from dd_queue.core.membership import Heartbeat as Beat
 from dd_queue.core.membership import Liveness, classify, diff_members, live_learners
 from dd_queue.core.policy import Ema
-from dd_queue.errors import ProtocolError
-from dd_queue.messages import FaultCommand, Heartbeat
+from dd_queue.errors import ProtocolError, Unauthenticated
+from dd_queue.messages import Heartbeat
 from dd_queue.synchronizer.context import Context
 
 __all__ = ["Commands", "Learners", "beat"]
@@ -54,11 +55,14 @@ class Learners:
         ctx = self._ctx
         self.next_at = now + ctx.cfg.membership.heartbeat_interval_s
         beats: dict[str, Beat] = {}
-        for info in ctx.bus.heartbeats().values():
+        for member, info in ctx.bus.heartbeats().items():
             try:
-                hb = Heartbeat.from_bytes(info.payload, run_id=ctx.run_id, limits=ctx.limits)
-            except ProtocolError:
-                continue  # another run's or a broken payload: not a learner of ours
+                hb = ops.read_heartbeat(
+                    member, info.payload, run_id=ctx.run_id, limits=ctx.limits, auth=ctx.auth
+                )
+            except ProtocolError as exc:  # not a member of ours: never counted as a learner
+                ctx.refused("heartbeat", member, exc)
+                continue
             if hb.role == "learner":
                 step = hb.step_time_ema_s if hb.step_time_ema_s else None
                 beats[hb.member_id] = Beat(
@@ -93,7 +97,7 @@ def beat(ctx: Context, *, versions: Mapping[int, int], held: int, merged: int) -
         pid=os.getpid(),
         sent_at_s=ctx.wall(),
     )
-    ctx.bus.heartbeat(ctx.owner, payload.to_bytes(), ttl_s=ctx.cfg.membership.dead_after_s)
+    ops.heartbeat(ctx.bus, payload, ttl_s=ctx.cfg.membership.dead_after_s, auth=ctx.auth)
 
 
 class Commands:
@@ -103,6 +107,7 @@ class Commands:
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
+        self._fresh = FreshCommands(ctx.cfg.auth.max_command_age_s)
         self._after: dict[str, str] = {}
         for target in self.TARGETS:
             latest = ctx.bus.read_latest(ctx.bus.keys.control(target))
@@ -115,11 +120,15 @@ class Commands:
             for entry in ops.read_commands(ctx.bus, target, after_id=self._after[target]):
                 self._after[target] = entry.id
                 try:
-                    cmd = FaultCommand.from_fields(
-                        entry.fields, run_id=ctx.run_id, limits=ctx.limits
+                    cmd = ops.read_command(
+                        entry, run_id=ctx.run_id, limits=ctx.limits, auth=ctx.auth
                     )
+                    if ctx.auth.checks and (
+                        replay := self._fresh.refusal(cmd.fault_id, cmd.issued_at_s, ctx.wall())
+                    ):
+                        raise Unauthenticated(replay)
                 except ProtocolError as exc:
-                    log.warning("fault.refused %s: %s", entry.id, exc)
+                    ctx.refused("fault", entry.id, exc)
                     continue
                 if cmd.target not in (ctx.owner, "synchronizer", "*", "all"):
                     continue

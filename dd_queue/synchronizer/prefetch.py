@@ -131,6 +131,7 @@ class Prefetcher:
                 options=bus.options,
                 limits=ctx.limits,
                 norms=self._norms,
+                keyring=ctx.auth.keyring,
             )
             ctx.buffers.allocate_with(fetchers.shared_bytes)  # children decode into them
         elif threads:
@@ -233,7 +234,14 @@ class Prefetcher:
                 out = ctx.buffers.take(elements)
         try:
             msg, delta = ops.read_contribution(
-                bus, entry, run_id=ctx.run_id, limits=ctx.limits, out=out, parsed=parsed, codes=True
+                bus,
+                entry,
+                run_id=ctx.run_id,
+                limits=ctx.limits,
+                out=out,
+                parsed=parsed,
+                codes=True,
+                auth=ctx.auth,
             )
             norms = None
             if self._norms and delta.size == elements:

@@ -167,6 +167,7 @@ def create_fragment(
         version=0,
         theta=theta,
         state=NesterovState.zeros(fragment.size),
+        auth=ctx.auth,
     )
     reason = f"run created from {origin}"
     state = FragmentState(
@@ -198,7 +199,7 @@ def create_fragment(
     )
     commit_ops: list[CommitOp] = [
         SetOp(bus.keys.state(fragment_id), state.to_bytes()),
-        ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen),
+        ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen, auth=ctx.auth),
     ]
     bus.commit(lease, commit_ops, commit_id=f"{fragment_id}:create")
     log.info("fragment.created %d: version 0 (%s)", fragment_id, origin)
@@ -251,7 +252,12 @@ def load_fragment(
     """Build the runtime of a committed state: fetch Θ_p, the ring and the momentum."""
     fragment = fragment_of(state)
     ring, theta = blobs.load_ring(
-        ctx.bus, state, capacity=ctx.sync.version_ring, limits=ctx.limits, size=fragment.size
+        ctx.bus,
+        state,
+        capacity=ctx.sync.version_ring,
+        limits=ctx.limits,
+        size=fragment.size,
+        auth=ctx.auth,
     )
     momentum = blobs.load_momentum(ctx.bus, state, size=fragment.size)
     log.info(

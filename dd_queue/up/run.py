@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from dd_queue.auth import principals, write_keys
 from dd_queue.bus import RedisBus
 from dd_queue.config import DDQConfig
 from dd_queue.up.display import Display
@@ -295,6 +296,11 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
     }
     if cfg.redis.password is not None:  # a password in the user's URL is not in redis.url
         overrides["DDQ__REDIS__PASSWORD"] = cfg.redis.password.get_secret_value()
+    if cfg.auth.keys_dir is None:  # every run signs its messages: keys of its own (mode 0600)
+        learner_ids = [f"L{i}" for i in range(opts.learners)]
+        keys_dir = run_dir / "keys"
+        write_keys(keys_dir, cfg.run.run_id, principals(learner_ids))
+        overrides["DDQ__AUTH__KEYS_DIR"] = str(keys_dir)
     env = child_env(environ, overrides)
     up = _Up(cfg, opts, redis, env, token_generated=given is None)
     try:

@@ -340,6 +340,14 @@ def test_metrics_export_every_documented_series_with_samples(run: Run):
         at_s=run.clock.now(),
     )
     ops.emit_event(run.bus, event.to_fields(), maxlen=1000)
+    refused = Event(
+        run_id=run.cfg.run.run_id,
+        kind="message.refused",
+        message="2 fault message(s) refused by L0: unauthenticated",
+        fields={"reader": "L0", "message_kind": "fault", "reason": "unauthenticated", "count": 2},
+        at_s=run.clock.now(),
+    )
+    ops.emit_event(run.bus, refused.to_fields(), maxlen=1000)
     text = run.client.get("/metrics").text
     exported: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
@@ -352,3 +360,6 @@ def test_metrics_export_every_documented_series_with_samples(run: Run):
     empty = sorted(name for name, n in exported.items() if n == 0)
     assert not empty, f"series exported without a sample: {empty}"
     assert "ddq_eval_loss 3.2" in text and 'ddq_faults_total{kind="stall"} 1.0' in text
+    assert (
+        'ddq_refused_messages_total{kind="fault",reader="L0",reason="unauthenticated"} 2.0' in text
+    )
