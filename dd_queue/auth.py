@@ -72,8 +72,8 @@ __all__ = [
     "KeyRing",
     "Refusals",
     "learner_principal",
-    "principals",
     "principal_of",
+    "principals",
     "register",
     "statement",
     "write_keys",
@@ -372,7 +372,8 @@ class Refusals:
 
     ``add`` counts one and returns the counts to report when ``interval_s`` has passed since
     the last report (else an empty dict), so a flood of forgeries costs one event per pair
-    and interval, not one per forgery.
+    and interval, not one per forgery; ``flush``, called on a reader's regular loop, returns
+    what is still pending once the interval has passed.
     """
 
     def __init__(self, interval_s: float = 5.0) -> None:
@@ -385,6 +386,12 @@ class Refusals:
         self.total[kind, reason] += 1
         self._pending[kind, reason] += 1
         if now_s < self._next_s:
+            return {}
+        return self.flush(now_s)
+
+    def flush(self, now_s: float) -> dict[tuple[str, str], int]:
+        """The pending counts, if the interval has passed and there are any (else empty)."""
+        if now_s < self._next_s or not self._pending:
             return {}
         self._next_s = now_s + self.interval_s
         due, self._pending = dict(self._pending), Counter()

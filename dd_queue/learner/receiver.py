@@ -147,6 +147,7 @@ class Follower:
     def read_commands(self) -> list[FaultCommand]:
         """Fault commands sent to this learner or to all since the last call (with a
         keyring: signed by the control plane for that stream, fresh and not seen before)."""
+        self._report(self.refusals.flush(self._now()))  # what an earlier call left pending
         found: list[FaultCommand] = []
         for stream in self.control:
             for entry in self._read_new(stream):
@@ -185,6 +186,9 @@ class Follower:
             exc,
             extra={"ddq": {"reason": reason, "kind": kind}},
         )
+        self._report(due)
+
+    def _report(self, due: dict[tuple[str, str], int]) -> None:
         for (k, r), n in due.items():
             event = Event(
                 run_id=self.run_id,

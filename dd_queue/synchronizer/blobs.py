@@ -27,7 +27,7 @@ from dd_queue.core.anchor import VersionRing
 from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
 from dd_queue.core.merge import F32
 from dd_queue.core.outer import NesterovState, state_from_bytes, state_parts
-from dd_queue.errors import BlobMissing, CorruptPayload, ProtocolError
+from dd_queue.errors import BlobMissing, CorruptPayload, ProtocolError, Unauthenticated
 from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.messages import MessageLimits
 from dd_queue.synchronizer.buffers import framed
@@ -127,10 +127,15 @@ def load_ring(
 
     An older kept version whose blob is gone or does not verify is left out of the ring, with
     a logged reason (a contribution based on it is then dropped as its base left the ring); it
-    never stops the synchronizer. Only the current version must load.
+    never stops the synchronizer. Only the current version must load, with one exception: a
+    Θ_p(v) that is not signed by the synchronizer (it was replaced in Redis) is never loaded;
+    the newest older version that verifies is restored in its place (logged as an error, and
+    the next merge publishes from it), so a forged blob neither becomes the global model nor
+    stops the run.
 
     Raises:
-        BlobMissing, ProtocolError: Θ_p(v) itself cannot be read.
+        BlobMissing, ProtocolError: Θ_p(v) itself cannot be read (nor, for a forged one, any
+            older version).
     """
     ring = VersionRing(capacity=capacity, size=size)
     for ref in state.ring[-capacity:]:
@@ -138,7 +143,21 @@ def load_ring(
             theta = load_theta(bus, ref, limits=limits, size=size, auth=auth)
         except (BlobMissing, ProtocolError) as exc:
             if ref.version == state.version:
-                raise
+                older = ring.latest_version
+                if not isinstance(exc, Unauthenticated) or older is None:
+                    raise
+                log.error(
+                    "fragment.restored fragment %d: Θ of version %d fails its signature (%s): "
+                    "it was replaced in Redis; continuing from version %d's Θ",
+                    state.fragment_id,
+                    ref.version,
+                    exc,
+                    older,
+                )
+                restored = ring.get(older)
+                assert restored is not None  # latest_version is in the ring
+                ring.push(ref.version, restored)  # copied in
+                continue
             log.warning(
                 "fragment.ring_dropped fragment %d version %d: its blob cannot be read (%s); "
                 "contributions based on it are dropped",

@@ -123,6 +123,13 @@ class Context:
         due = self.refusals.add(kind, reason, self.clock.now())
         level = logging.WARNING if due else logging.DEBUG  # a flood logs once an interval
         log.log(level, "message.refused %s %s: %s", kind, what, exc, extra=_ddq(reason=reason))
+        self._report(due)
+
+    def flush_refusals(self) -> None:
+        """Report refusals still pending (on the synchronizer's regular loop)."""
+        self._report(self.refusals.flush(self.clock.now()))
+
+    def _report(self, due: Mapping[tuple[str, str], int]) -> None:
         for (k, r), n in due.items():
             self.emit(
                 "message.refused",

@@ -54,6 +54,7 @@ class Learners:
             return
         ctx = self._ctx
         self.next_at = now + ctx.cfg.membership.heartbeat_interval_s
+        ctx.flush_refusals()
         beats: dict[str, Beat] = {}
         for member, info in ctx.bus.heartbeats().items():
             try:

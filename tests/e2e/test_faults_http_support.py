@@ -25,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from dd_queue.auth import principals, write_keys
 from tests.integration.conftest import require_redis_server
 from tests.redisproc import RedisProcess, free_port
 
@@ -33,8 +34,11 @@ TOKEN = "e2e-admin-token-0123456789"
 LEARNERS = ("L0", "L1")
 
 
-def write_config(path: Path, redis_url: str, port: int, run_id: str) -> Path:
-    """The tiny run every e2e control plane test uses: fast heartbeats and rounds."""
+def write_config(
+    path: Path, redis_url: str, port: int, run_id: str, *, keys_dir: Path | None = None
+) -> Path:
+    """The tiny run every e2e control plane test uses: fast heartbeats and rounds (signed
+    messages with the keys in ``keys_dir``, if given)."""
     raw = {
         "extends": str(ROOT / "config" / "base.yaml"),
         "run": {"run_id": run_id, "log_level": "INFO"},
@@ -70,6 +74,7 @@ def write_config(path: Path, redis_url: str, port: int, run_id: str) -> Path:
         },
         "control": {"port": port, "admin_token": TOKEN, "refresh_s": 0.5},
         "faults": {"enabled": True},  # off in base.yaml
+        "auth": {"keys_dir": str(keys_dir) if keys_dir is not None else None},
     }
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -93,12 +98,18 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
 class System:
     """Redis, a synchronizer, two learners and the control plane, as real processes."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, signed: bool = False) -> None:
         require_redis_server()
         self.dir = directory
         self.redis = RedisProcess().start()
         self.port = free_port()
-        self.config = write_config(directory / "run.yaml", self.redis.url, self.port, "e2e")
+        self.keys_dir: Path | None = None
+        if signed:  # every service signs and checks (ddq keys, as an operator would run it)
+            self.keys_dir = directory / "keys"
+            write_keys(self.keys_dir, "e2e", principals(LEARNERS))
+        self.config = write_config(
+            directory / "run.yaml", self.redis.url, self.port, "e2e", keys_dir=self.keys_dir
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10.0)
 
