@@ -367,6 +367,8 @@ def unpack_blob(
         raise CorruptPayload(f"blob {blob_key!r} holds {header.tensor}, its entry says {expect}")
     if (start := end + (-end % _BLOB_ALIGN_BYTES)) > view.nbytes:
         raise CorruptPayload(f"blob {blob_key!r} is truncated before its payload")
+    if any(view[end:start]):  # the padding is zeros: no byte of a blob goes unchecked
+        raise CorruptPayload(f"blob {blob_key!r} has non-zero padding before its payload")
     payload = view[start:]
     if payload.nbytes > limits.tensor.max_payload_bytes:
         raise PayloadTooLarge(
