@@ -44,6 +44,7 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -55,6 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find tests/
 
+from dd_queue.auth import SYNCHRONIZER, Auth, principals, write_keys
 from dd_queue.bus import RedisBus, ops
 from dd_queue.clock import SystemClock
 from dd_queue.config import DDQConfig
@@ -71,7 +73,10 @@ from tests.unit.test_learner_standin import StandIn, plan_of
 def make_config(args: argparse.Namespace, url: str) -> DDQConfig:
     return DDQConfig.model_validate(
         {
-            "run": {"run_id": f"bench{uuid.uuid4().hex[:6]}", "log_level": "WARNING"},
+            "run": {
+                "run_id": getattr(args, "run_id", None) or f"bench{uuid.uuid4().hex[:6]}",
+                "log_level": "WARNING",
+            },
             "redis": {"url": url},
             "model": {
                 "preset": args.preset,
@@ -84,6 +89,7 @@ def make_config(args: argparse.Namespace, url: str) -> DDQConfig:
             "wire": {"codec": args.codec, "block_size": 256},
             "learner": {"device": args.device, "warmup_steps": 10, "inner_lr": 1e-3},
             "synchronizer": {"n_fragments": args.fragments, "sync_every_steps": args.h},
+            "auth": {"keys_dir": args.keys_dir},
         }
     )
 
@@ -118,7 +124,8 @@ def synchronizer(
     cfg = DDQConfig.model_validate(cfg_json)
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
     model = build_model(cfg.model.preset, seed=7, device="cpu", **cfg.model.overrides())
-    standin = StandIn(bus, plan_of(cfg, model))
+    auth = Auth.load(cfg.auth, cfg.run.run_id, SYNCHRONIZER)  # --signed: signs and checks
+    standin = StandIn(bus, plan_of(cfg, model), auth=auth)
     standin.publish_model(model)
     ready.set()
     streams = [bus.keys.up(p) for p in range(cfg.synchronizer.n_fragments)]
@@ -135,7 +142,7 @@ def synchronizer(
         for entry in bus.read_group(streams, SYNC_GROUP, "bench", count=16, block_ms=wait_ms):
             seen = time.perf_counter()
             msg, delta = ops.read_contribution(
-                bus, entry, run_id=cfg.run.run_id, limits=MessageLimits()
+                bus, entry, run_id=cfg.run.run_id, limits=MessageLimits(), auth=auth
             )
             bus.ack(entry.stream, SYNC_GROUP, [entry.id])
             latencies.append(seen - standin.opened_at[msg.round_id])
@@ -177,7 +184,12 @@ def time_steps(step: Any, n: int, device: torch.device, mode: str = "") -> list[
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
-    with RedisProcess() as server:
+    with RedisProcess() as server, tempfile.TemporaryDirectory() as keys:
+        args.keys_dir = None
+        if args.signed:  # the learner signs every contribution and heartbeat, checks globals
+            run_id = f"bench{uuid.uuid4().hex[:6]}"
+            write_keys(Path(keys), run_id, principals(["L0"]))
+            args.keys_dir, args.run_id = keys, run_id
         cfg = make_config(args, server.url)
         device = torch.device(args.device)
         ready, active, stop = ctx.Event(), ctx.Event(), ctx.Event()
@@ -274,6 +286,7 @@ def summarize(
     ]
     lat_ms = np.asarray(outcome["latencies_s"]) * 1000
     return {
+        "signed": args.signed,
         "preset": args.preset,
         "shape": f"{cfg.model.spec().n_layers} × {cfg.model.spec().d_model}",
         "device": args.device,
@@ -318,7 +331,7 @@ def print_tables(r: dict[str, Any]) -> None:
         f"model {r['preset']} {r['shape']} ({r['params']:,} parameters) on {r['device']}, batch "
         f"{r['batch']} × {r['seq_len']}; P = {r['fragments']}, H = {r['h']}, codec "
         f"{r['codec']}; {r['blocks']} block pairs, {r['steps_per_mode']} steps per mode; "
-        f"{pinning}\n"
+        f"{pinning}; messages {'signed (Ed25519)' if r['signed'] else 'unsigned'}\n"
     )
     verdict = "PASS" if r["ratio_worst"] <= 1.03 else "MISS"  # all three ratios must pass
     print(
@@ -382,6 +395,11 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also time sync off while another process keeps CPU 1 busy (shared-core control)",
+    )
+    parser.add_argument(
+        "--signed",
+        action="store_true",
+        help="signed messages (dd_queue.auth): the learner signs, the stand-in checks and signs",
     )
     parser.add_argument("--json", action="store_true", help="end with one JSON object line")
     args = parser.parse_args()

@@ -42,6 +42,7 @@ import logging
 import multiprocessing as mp
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find tests/
 
+from dd_queue.auth import Auth, principals, write_keys
 from dd_queue.bus import RedisBus, ops
 from dd_queue.clock import SystemClock
 from dd_queue.config import DDQConfig, validate_config
@@ -86,6 +88,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
                 "fetch_processes": args.fetch_processes,
             },
             "membership": {"expected_learners": args.learners},
+            "auth": {"keys_dir": getattr(args, "keys_dir", None)},
         }
     )
 
@@ -113,6 +116,10 @@ class Learners:
         self.digest = cfg.run_digest  # a property that hashes the whole config: once
         self.bus = RedisBus(url, cfg.run.run_id, options=cfg.redis.options())
         self.bus.get(self.bus.keys.state(0))  # connected
+        # each simulated learner signs with its own key (--signed), as real ones do
+        self.auths = [
+            Auth.load(cfg.auth, cfg.run.run_id, f"learner.L{m}") for m in range(len(payloads))
+        ]
 
     def run(self, stop: Any) -> None:
         limits, after = self.cfg.wire.message_limits(), "0-0"
@@ -141,7 +148,7 @@ class Learners:
                 tensor=encoded.header,
                 created_at_s=time.time(),
             )
-            ops.send_contribution(self.bus, msg, encoded, ttl_s=600)
+            ops.send_contribution(self.bus, msg, encoded, ttl_s=600, auth=self.auths[m])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -345,8 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         default=512,
         help="payloads per raw run (default %(default)s: ~1 s, a sustained rate, not a burst)",
     )
+    parser.add_argument(
+        "--signed",
+        action="store_true",
+        help="run ours again with signed messages (dd_queue.auth) and report the cost",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
+    args.keys_dir = None
     logging.basicConfig(level=logging.WARNING)
     warm_malloc()
     wall = time.perf_counter()
@@ -360,6 +373,16 @@ def main(argv: list[str] | None = None) -> int:
         assert server.pid is not None
         raw_before, cpu_before = run_raw(server.url, payload, n_raw, "a", server.pid, args.learners)
         ours = run_ours(server.url, args, server.pid)
+        signed = None
+        if args.signed:
+            flush = server.client()
+            flush.flushall()  # the bench's own server: the signed run starts a fresh run
+            flush.close()
+            with tempfile.TemporaryDirectory() as keys:
+                write_keys(Path(keys), "bench", principals([f"L{m}" for m in range(args.learners)]))
+                signed = run_ours(
+                    server.url, argparse.Namespace(**{**vars(args), "keys_dir": keys}), server.pid
+                )
         raw_after, cpu_after = run_raw(server.url, payload, n_raw, "b", server.pid, args.learners)
     raw = max(raw_before, raw_after)
     raw_cpu = cpu_before if raw_before >= raw_after else cpu_after
@@ -387,6 +410,22 @@ def main(argv: list[str] | None = None) -> int:
         f"| {cpu['learners']:.1f} | {cpu['total']:.1f} | {cpu['idle_pct']:.0f}% "
         f"| {cpu['steal_pct']:.0f}% |"
     )
+    if signed is not None:
+        cost = signed["payload_mb_s"] / ours["payload_mb_s"]
+        print("\nSigned messages (Ed25519: every contribution's entry and blob checked, every")
+        print("global fragment signed), the same run again\n")
+        print(
+            "| | rounds/s | p50 / p99 ms | payload MB/s | sync CPU ms/round | fetch CPU ms/round |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, r in (("unsigned", ours), ("signed", signed)):
+            print(
+                f"| {name} | {r['rounds_s']:.2f} | {r['latency_p50_ms']:.0f} / "
+                f"{r['latency_p99_ms']:.0f} | {r['payload_mb_s']:.0f} | "
+                f"{r['cpu_ms_per_round']['synchronizer']:.1f} | "
+                f"{r['cpu_ms_per_round']['fetch_processes']:.1f} |"
+            )
+        print(f"\nsigned ÷ unsigned payload MB/s: {cost:.2f}")
     print(f"\nraw, CPU ms per {args.learners} payloads (the better raw run)\n")
     print("| consumer | producer | redis-server | total | idle | steal |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -412,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
                     "codec": args.codec,
                     "fetch_processes": args.fetch_processes,
                     "raw_payloads": n_raw,
+                    "signed": signed,
+                    "signed_ratio": signed["payload_mb_s"] / ours["payload_mb_s"]
+                    if signed
+                    else None,
                 }
             )
         )

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dd_queue.auth import OPEN, Auth
 from dd_queue.bus import Bus, Lease, ops
 from dd_queue.bus.memory import MemoryBus
 from dd_queue.clock import FakeClock
@@ -85,10 +86,11 @@ class StandIn:
     Args:
         bus: The run's bus.
         plan: The fragment plan.
+        auth: The synchronizer's key (signed runs): it signs what it publishes.
     """
 
-    def __init__(self, bus: Bus, plan: FragmentPlan) -> None:
-        self.bus, self.plan = bus, plan
+    def __init__(self, bus: Bus, plan: FragmentPlan, auth: Auth = OPEN) -> None:
+        self.bus, self.plan, self.auth = bus, plan, auth
         self.leases: dict[int, Lease] = {}
         self.versions: dict[int, int] = {}
         self.thetas: dict[tuple[int, int], np.ndarray] = {}
@@ -118,9 +120,9 @@ class StandIn:
             reason="stand-in",
         )
         lease = self.lease(p)
-        ref = ops.stage_global_fragment(self.bus, lease, msg, encoded, ttl_s=3600)
+        ref = ops.stage_global_fragment(self.bus, lease, msg, encoded, ttl_s=3600, auth=self.auth)
         self.commits += 1
-        op = ops.global_notification_op(self.bus, msg, ref)
+        op = ops.global_notification_op(self.bus, msg, ref, auth=self.auth)
         self.bus.commit(lease, [op], commit_id=f"standin:{p}:{version}:{self.commits}")
         self.versions[p] = max(self.versions.get(p, -1), version)
         self.thetas[(p, version)] = values.copy()
