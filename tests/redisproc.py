@@ -37,13 +37,14 @@ class Pki:
     client_key: Path
 
     @classmethod
-    def make(cls, directory: Path) -> Pki:
-        """A new CA and two certificates under ``directory`` (``trustme``; no network)."""
+    def make(cls, directory: Path, hosts: tuple[str, ...] = ()) -> Pki:
+        """A new CA and two certificates under ``directory`` (``trustme``; no network); the
+        server's is for 127.0.0.1, localhost and ``hosts``."""
         import trustme  # test-only dependency
 
         directory.mkdir(parents=True, exist_ok=True)
         ca = trustme.CA(organization_name="dd_queue tests")
-        server = ca.issue_cert("127.0.0.1", "localhost")
+        server = ca.issue_cert("127.0.0.1", "localhost", *hosts)
         client = ca.issue_cert("ddq-client")
         pki = cls(*(directory / n for n in ("ca.pem", "server.pem", "server.key", "client.pem",
                                             "client.key")))  # fmt: skip

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +62,19 @@ class Services:
         extra = ["--learner-id", learner_id] if role == "learner" else []
         return [DDQ, role, "--config", str(self.config), *extra]
 
-    def start(self, role: str, learner_id: str = "L0", env: dict[str, str] | None = None) -> str:
-        """Start one service (``env``: more variables for it alone); returns its name (the
-        learner id for learners)."""
+    def start(
+        self,
+        role: str,
+        learner_id: str = "L0",
+        env: dict[str, str] | None = None,
+        wrap: Sequence[str] = (),
+    ) -> str:
+        """Start one service (``env``: more variables for it alone; ``wrap``: a command line
+        prefix, e.g. ``ip netns exec <ns>``); returns its name (the learner id for learners)."""
         name = learner_id if role == "learner" else role
         with (self.dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(
-                self.argv(role, learner_id),
+                [*wrap, *self.argv(role, learner_id)],
                 cwd=ROOT,
                 env={**self.env, **(env or {})},
                 stdout=out,
