@@ -10,12 +10,9 @@ CI, which runs as root.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from dd_queue.auth import principals, write_keys
 from tests.ci import require
 from tests.e2e.services_support import DDQ, ROOT, Services
 from tests.integration.conftest import require_redis_server
+from tests.netns import NetNamespace, netns_available
 from tests.redisproc import Pki, RedisProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -31,49 +29,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 RUN = "netns"
 
 
-@dataclass(frozen=True)
-class Namespace:
-    """A network namespace ``name`` with ``inside`` on its veth end, ``outside`` on the host's."""
-
-    name: str
-    outside: str
-    inside: str
-
-    @property
-    def wrap(self) -> list[str]:
-        return ["ip", "netns", "exec", self.name]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture
-def netns() -> Iterator[Namespace]:
+def netns() -> Iterator[NetNamespace]:
     require(
-        os.geteuid() == 0 and shutil.which("ip"),
-        "root and iproute2 (ip netns)",
-        "run the tests as root; apt-get install iproute2",
+        netns_available(), "root and iproute2 (ip netns)", "run as root; apt-get install iproute2"
     )
-    tag = os.getpid() % 50000
-    ns = Namespace(f"ddq{tag}", f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2")
-    host_end, ns_end = f"ddqh{tag}", f"ddqn{tag}"
-    _ip("netns", "add", ns.name)
-    try:
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-        _ip("link", "set", ns_end, "netns", ns.name)
-        _ip("addr", "add", f"{ns.outside}/30", "dev", host_end)
-        _ip("link", "set", host_end, "up")
-        _ip("netns", "exec", ns.name, "ip", "addr", "add", f"{ns.inside}/30", "dev", ns_end)
-        _ip("netns", "exec", ns.name, "ip", "link", "set", ns_end, "up")
-        _ip("netns", "exec", ns.name, "ip", "link", "set", "lo", "up")
+    with NetNamespace.create() as ns:
         yield ns
-    finally:
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
 
 
-def _reachable(ns: Namespace, host: str, port: int) -> bool:
+def _reachable(ns: NetNamespace, host: str, port: int) -> bool:
     probe = (
         "import socket,sys\n"
         f"try: socket.create_connection(({host!r}, {port}), 2).close()\n"
@@ -83,7 +48,7 @@ def _reachable(ns: Namespace, host: str, port: int) -> bool:
 
 
 def test_a_learner_in_its_own_network_namespace_joins_over_tls_and_survives_a_kill(
-    tmp_path: Path, netns: Namespace
+    tmp_path: Path, netns: NetNamespace
 ) -> None:
     require_redis_server()
     pki = Pki.make(tmp_path / "pki", hosts=(netns.outside,))
