@@ -22,12 +22,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dd_queue.auth import CONTROL, OPEN, SYNCHRONIZER, Auth, learner_principal, principal_of
+from dd_queue.auth import (
+    CONTROL,
+    OPEN,
+    SYNCHRONIZER,
+    Auth,
+    FreshCommands,
+    learner_principal,
+    principal_of,
+)
 from dd_queue.bus.base import Bus
 from dd_queue.bus.types import AppendOp, BlobData, BlobRef, Entry, Lease
 from dd_queue.core.blockwise import Delta
 from dd_queue.core.codec import EncodedTensor, Float32Array, TensorHeader, decode, decode_delta
-from dd_queue.errors import BlobMissing, ConfigError, CorruptPayload, PayloadTooLarge, ProtocolError
+from dd_queue.errors import (
+    BlobMissing,
+    ConfigError,
+    CorruptPayload,
+    PayloadTooLarge,
+    ProtocolError,
+    Unauthenticated,
+)
 from dd_queue.messages import Contribution, FaultCommand, GlobalFragment, Heartbeat
 from dd_queue.wire import BlobCheck, MessageLimits, blob_parts, unpack_blob
 
@@ -355,16 +370,29 @@ def send_command(
 
 
 def read_command(
-    entry: Entry, *, run_id: str, limits: MessageLimits, auth: Auth = OPEN
+    entry: Entry,
+    *,
+    run_id: str,
+    limits: MessageLimits,
+    auth: Auth = OPEN,
+    fresh: FreshCommands | None = None,
+    now_s: float = 0.0,
 ) -> FaultCommand:
     """Decode a control-stream entry; with a keyring it must be signed by the control plane
-    for this very stream (a command copied to another target does not verify).
+    for this very stream (a command copied to another target does not verify) and, given
+    ``fresh``, be new and younger than its ``max_age_s`` at wall time ``now_s`` (a replay).
 
     Raises:
         ProtocolError: Malformed, out of bounds, of another run, or ``Unauthenticated``.
     """
     cmd = FaultCommand.from_fields(entry.fields, run_id=run_id, limits=limits)
     auth.check_fields(CONTROL_KIND, CONTROL, run_id=run_id, where=entry.stream, fields=entry.fields)
+    if (
+        auth.checks
+        and fresh is not None
+        and (replay := fresh.refusal(cmd.fault_id, cmd.issued_at_s, now_s))
+    ):
+        raise Unauthenticated(replay)
     return cmd
 
 

@@ -35,7 +35,6 @@ from dd_queue.errors import (
     BusError,
     IncompatibleMessage,
     ProtocolError,
-    Unauthenticated,
 )
 from dd_queue.learner.exchange import Received
 from dd_queue.messages import Event, FaultCommand, GlobalFragment, MessageLimits, RoundOpen
@@ -153,12 +152,13 @@ class Follower:
             for entry in self._read_new(stream):
                 try:
                     cmd = ops.read_command(
-                        entry, run_id=self.run_id, limits=self.limits, auth=self.auth
+                        entry,
+                        run_id=self.run_id,
+                        limits=self.limits,
+                        auth=self.auth,
+                        fresh=self._fresh,
+                        now_s=self._wall(),
                     )
-                    if self.auth.checks and (
-                        replay := self._fresh.refusal(cmd.fault_id, cmd.issued_at_s, self._wall())
-                    ):
-                        raise Unauthenticated(replay)
                 except ProtocolError as exc:
                     self._refused("fault", entry, exc)
                     continue

@@ -23,7 +23,7 @@ from dd_queue.bus import ops
 from dd_queue.core.membership import Heartbeat as Beat
 from dd_queue.core.membership import Liveness, classify, diff_members, live_learners
 from dd_queue.core.policy import Ema
-from dd_queue.errors import ProtocolError, Unauthenticated
+from dd_queue.errors import ProtocolError
 from dd_queue.messages import Heartbeat
 from dd_queue.synchronizer.context import Context
 
@@ -122,12 +122,13 @@ class Commands:
                 self._after[target] = entry.id
                 try:
                     cmd = ops.read_command(
-                        entry, run_id=ctx.run_id, limits=ctx.limits, auth=ctx.auth
+                        entry,
+                        run_id=ctx.run_id,
+                        limits=ctx.limits,
+                        auth=ctx.auth,
+                        fresh=self._fresh,
+                        now_s=ctx.wall(),
                     )
-                    if ctx.auth.checks and (
-                        replay := self._fresh.refusal(cmd.fault_id, cmd.issued_at_s, ctx.wall())
-                    ):
-                        raise Unauthenticated(replay)
                 except ProtocolError as exc:
                     ctx.refused("fault", entry.id, exc)
                     continue
