@@ -164,7 +164,7 @@ def machine_ticks() -> tuple[int, int, int]:
 
 
 def fetch_children() -> list[int]:
-    """Process ids of this process's fetch processes (``python -m dd_queue.fetchers``)."""
+    """Process ids of this process's fetch processes (``python -m dd_queue.synchronizer.fetchers``)."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -172,7 +172,7 @@ def fetch_children() -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue  # gone meanwhile
-        if ppid == os.getpid() and b"dd_queue.fetchers" in cmdline:
+        if ppid == os.getpid() and b"dd_queue.synchronizer.fetchers" in cmdline:
             pids.append(int(stat.parent.name))
     return pids
 

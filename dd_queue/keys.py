@@ -233,6 +233,10 @@ class Keys:
         """Dead-letter stream of a fragment's contributions."""
         return self._fragment(fragment_id, "dlq")
 
+    def takes(self, fragment_id: int) -> str:
+        """Pending entry id → how many takes of the fragment found it pending (poison pills)."""
+        return self._fragment(fragment_id, "takes")
+
     def lease(self, fragment_id: int) -> str:
         """Lease key of a fragment; its fencing counter is :func:`fence_key` of it."""
         return self._fragment(fragment_id, "lease")

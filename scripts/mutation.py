@@ -80,7 +80,8 @@ GROUPS = {
     "commit": Group(
         "commit",
         (
-            "dd_queue/synchronizer/closing.py",
+            "dd_queue/synchronizer/merge.py",
+            "dd_queue/synchronizer/commit.py",
             "dd_queue/synchronizer/recovery.py",
             "dd_queue/bus/commit_ops.py",
             "dd_queue/bus/_memory_kv.py",

@@ -45,7 +45,7 @@ BUGS = (
     Bug(
         1,
         "non-atomic commit: the acks leave the fenced commit, an ack follows it",
-        "dd_queue/synchronizer/closing.py",
+        "dd_queue/synchronizer/commit.py",
         "    bus.commit(rt.lease, commit_ops, commit_id=f\"{p}:{r}:{version}\")\n",
         "    commit_ops = [op for op in commit_ops if not isinstance(op, AckOp)]\n"
         "    bus.commit(rt.lease, commit_ops, commit_id=f\"{p}:{r}:{version}\")\n"
@@ -116,7 +116,7 @@ BUGS = (
     Bug(
         8,
         "a gap in the version sequence (every 10th merge skips a version)",
-        "dd_queue/synchronizer/closing.py",
+        "dd_queue/synchronizer/commit.py",
         "    t_stage, version = ctx.clock.now(), state.version + 1\n",
         "    t_stage, version = ctx.clock.now(), state.version + 1 + (state.version % 10 == 9)\n",
         ("tests/e2e/test_up_resilience.py::test_learner_sync_and_redis_crashes",),

@@ -27,6 +27,7 @@ from dd_queue.bus._redis_conn import client_kwargs, split_password
 from dd_queue.core.codec import CodecSpec, DecodeLimits
 from dd_queue.core.fragments import DEFAULT_EMBEDDING_PATTERNS
 from dd_queue.core.membership import MembershipParams
+from dd_queue.core.merge import Rule as MergeRule
 from dd_queue.core.policy import PolicyParams
 from dd_queue.data import DataSpec
 from dd_queue.errors import ConfigError
@@ -408,7 +409,7 @@ class SynchronizerConfig(_Section):
     )
     outer_lr: float = Field(0.7, gt=0, description="Outer Nesterov learning rate.")
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Outer Nesterov momentum μ.")
-    merge_rule: Literal["rda", "mean"] = Field(
+    merge_rule: MergeRule = Field(
         "rda", description="Radial-directional averaging, or weighted mean."
     )
     weighting: Literal["tokens", "uniform"] = Field(
@@ -440,6 +441,13 @@ class SynchronizerConfig(_Section):
         le=64,
         description="Child processes that fetch and decode contributions (Linux, Redis; 0 = a "
         "thread of the synchronizer's own process).",
+    )
+    max_takes: int = Field(
+        3,
+        ge=1,
+        description="An entry still pending after its fragment was taken up this many times "
+        "(synchronizer starts and takeovers) is dead-lettered as poison: it may be what crashes "
+        "the synchronizer.",
     )
     max_tokens_per_step: int = Field(
         0,

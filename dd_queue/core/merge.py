@@ -41,7 +41,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NoReturn, cast
+from typing import Literal, NoReturn, cast, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -66,6 +66,15 @@ _TINY_SQ = 2.0**-100  # an fp32 dot below this may have lost its squares to unde
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 Rule = Literal["rda", "mean"]
+"""The merge rules (``synchronizer.merge_rule``); a new rule is added here, to ``RULES`` and to
+``merge_weighted``, and nowhere else."""
+RULES: tuple[Rule, ...] = get_args(Rule)
+
+
+def needs_norms(rule: Rule) -> bool:
+    """Whether the rule scales by Δ's per-segment norms (then they are computed ahead, while a
+    decoded Δ is in cache: ``segment_sq_norms``)."""
+    return rule == "rda"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -465,8 +474,8 @@ def _validated(
         )
     if not np.isfinite(w).all() or (w < 0).any() or not math.isfinite(float(w.sum())):
         raise CoreError(f"weights must be finite and ≥ 0, got {w.tolist()}")
-    if rule not in ("rda", "mean"):
-        raise CoreError(f"rule must be 'rda' or 'mean', got {rule!r}")
+    if rule not in RULES:
+        raise CoreError(f"rule must be {' or '.join(map(repr, RULES))}, got {rule!r}")
     for who, v in zip(ids, vectors, strict=True):
         if not _fits(v, size):
             raise CoreError(

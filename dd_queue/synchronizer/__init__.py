@@ -10,11 +10,31 @@ See :mod:`dd_queue.synchronizer.synchronizer` for the loop, ``docs/protocol.md``
 reads and writes.
 """
 
+from typing import TYPE_CHECKING
+
+from dd_queue._lazy import lazy_exports
 from dd_queue.fragment_state import FragmentState, SegmentRecord, VersionRef
-from dd_queue.synchronizer.context import hard_kill
-from dd_queue.synchronizer.runtime import FragmentStatus
-from dd_queue.synchronizer.source import ArraySource, ConfigModelSource, ModelSource, plan_of
-from dd_queue.synchronizer.synchronizer import Synchronizer
+
+if TYPE_CHECKING:
+    from dd_queue.synchronizer.context import hard_kill
+    from dd_queue.synchronizer.runtime import FragmentStatus
+    from dd_queue.synchronizer.source import ArraySource, ConfigModelSource, ModelSource, plan_of
+    from dd_queue.synchronizer.synchronizer import Synchronizer
+
+# Lazy, so that a fetch process (``python -m dd_queue.synchronizer.fetchers``) loads only what
+# it reads with, not the whole synchronizer.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "hard_kill": "context",
+        "FragmentStatus": "runtime",
+        "ArraySource": "source",
+        "ConfigModelSource": "source",
+        "ModelSource": "source",
+        "plan_of": "source",
+        "Synchronizer": "synchronizer",
+    },
+)
 
 __all__ = [
     "ArraySource",

@@ -20,7 +20,7 @@ can be written from one contiguous buffer (``framed``) instead of being joined i
 copy first.
 
 The pool allocates on the heap, or with another allocator (``allocate_with``): fetch processes
-decode into arrays in shared memory (``dd_queue.fetchers.shared_bytes``).
+decode into arrays in shared memory (``dd_queue.synchronizer.fetchers.shared_bytes``).
 """
 
 from __future__ import annotations

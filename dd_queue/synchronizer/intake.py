@@ -2,10 +2,10 @@
 
 Per entry, in order (the first that applies decides):
 
-1. a redelivery of an entry already read in this lifetime is skipped;
+1. a redelivery of an entry already read in this lifetime is skipped (by the ``Batch``);
 2. a trimmed entry (no fields) is settled as ``dropped``;
-3. the entry is read and verified whole (``ops.read_contribution``, perhaps ahead of time by
-   the ``Prefetcher``: envelope, run, stream, reference, blob framing, checksum, NaN/Inf, size
+3. the entry was read and verified whole by the ``contributions.Batch`` (``ops.read_contribution``,
+   perhaps ahead of time: envelope, run, stream, reference, blob framing, checksum, NaN/Inf, size
    limits), then its counters are checked for plausibility (``implausible``: at most
    ``max_tokens_per_step`` tokens per step) and its config digest and size compared
    with ours: any failure dead-letters it with the reason. One exception: a
@@ -26,16 +26,16 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from dd_queue.bus import BlobRef, DeadLetterOp, Entry, SetOp, ops
+from dd_queue.bus import DeadLetterOp, Entry, SetOp, ops
 from dd_queue.core.rounds import Admission, ContributionMeta
 from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
 from dd_queue.keys import SYNC_GROUP
-from dd_queue.messages import Contribution, EntryOutcome, EntryOutcomeKind
+from dd_queue.messages import Contribution, EntryOutcomeKind
 from dd_queue.synchronizer.context import Context
-from dd_queue.synchronizer.prefetch import Read
-from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
+from dd_queue.synchronizer.contributions import Item
+from dd_queue.synchronizer.runtime import FragmentRuntime, Held
 
-__all__ = ["admit_entries", "dead_letter", "settle", "to_read"]
+__all__ = ["Rejected", "admit", "dead_letter"]
 
 log = logging.getLogger("dd_queue.synchronizer")
 
@@ -43,51 +43,39 @@ Rejected = tuple[Entry, str]
 """An entry to dead-letter and the reason."""
 
 
-def admit_entries(
-    ctx: Context, rt: FragmentRuntime, entries: Iterable[Entry], now: float, read: Read
-) -> list[Rejected]:
-    """Offer entries of the fragment's ``up`` stream to its round.
-
-    ``read`` reads an entry (``ops.read_contribution``, perhaps fetched ahead by a
-    ``Prefetcher``); it is asked for every entry that gets to step 3, in order.
+def admit(ctx: Context, rt: FragmentRuntime, items: Iterable[Item], now: float) -> list[Rejected]:
+    """Offer the items of a ``contributions.Batch`` (entries of the fragment's ``up`` stream,
+    each with what reading it gave) to the fragment's round.
 
     Returns:
         The entries to dead-letter, with their reasons (``dead_letter`` moves them).
     """
     rejected: list[Rejected] = []
-    for entry in entries:
-        if entry.id in rt.known:
-            continue  # redelivered (reclaimed from ourselves): already held or settled
-        rt.known.add(entry.id)
-        reason = _offer(ctx, rt, entry, now, read)
+    for item in items:
+        reason = _offer(ctx, rt, item, now)
         if reason is not None:
-            rejected.append((entry, reason))
+            rejected.append((item.entry, reason))
     return rejected
 
 
-def to_read(rt: FragmentRuntime, entries: Iterable[Entry]) -> list[Entry]:
-    """The entries ``admit_entries`` will read, in order (not deleted, not seen before)."""
-    return [e for e in entries if not e.deleted and e.id not in rt.known]
-
-
-def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Read) -> str | None:
+def _offer(ctx: Context, rt: FragmentRuntime, item: Item, now: float) -> str | None:
     """Admit, settle or refuse one entry; returns the dead-letter reason of a refusal."""
-    if entry.deleted:
-        settle(rt, entry.id, "", rt.round.round_id, "dropped", "trimmed while pending", None)
-        return None
-    try:
-        msg, delta, sq_norms = read(entry)
-    except BlobMissing as exc:
+    entry, exc = item.entry, item.error
+    if isinstance(exc, BlobMissing):
         # A duplicate or late entry may name a payload its merged twin's commit deleted:
         # settle it by its admission outcome; an entry that could still merge is lost.
         return _offer_without_payload(ctx, rt, entry, now, f"{ops.rejection_reason(exc)}: {exc}")
-    except ProtocolError as exc:
+    if exc is not None:
         return f"{ops.rejection_reason(exc)}: {exc}"
+    if item.read is None:
+        rt.settle(entry.id, "", rt.round.round_id, "dropped", "trimmed while pending", None)
+        return None
+    msg, delta, sq_norms = item.read
     try:
         _check_compatible(ctx, rt, msg, delta.size)
-    except ProtocolError as exc:
+    except ProtocolError as err:
         ctx.buffers.give([delta])
-        return f"{ops.rejection_reason(exc)}: {exc}"
+        return f"{ops.rejection_reason(err)}: {err}"
     round_after, admission = rt.round.admit(
         _meta(msg, entry), now=now, max_staleness=ctx.sync.max_staleness
     )
@@ -95,28 +83,15 @@ def _offer(ctx: Context, rt: FragmentRuntime, entry: Entry, now: float, read: Re
     if not admission.admitted:
         ctx.buffers.give([delta])
         outcome = cast(EntryOutcomeKind, admission.kind)  # not admitted: an outcome kind
-        settle(
-            rt, entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, ref, ref.nbytes
+        rt.settle(
+            entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, ref, ref.nbytes
         )
         _log_admission(rt, admission)
         return None
-    rt.round = round_after
-    old = rt.held.get(msg.learner_id)
-    if old is not None:
-        why = f"replaced by {msg.learner_id}'s round {msg.round_id} contribution"
-        settle(
-            rt,
-            old.entry.id,
-            old.msg.learner_id,
-            old.msg.round_id,
-            "superseded",
-            why,
-            old.blob,
-            old.blob.nbytes,
-        )
-    rt.held[msg.learner_id] = Held(entry=entry, msg=msg, delta=delta, blob=ref, sq_norms=sq_norms)
-    if old is not None:
-        ctx.buffers.give([old.delta])  # its successor holds its place
+    held = Held(entry=entry, msg=msg, delta=delta, blob=ref, sq_norms=sq_norms)
+    replaced = rt.hold(held, round_after)
+    if replaced is not None:
+        ctx.buffers.give([replaced.delta])  # its successor holds its place
     _log_admission(rt, admission)
     return None
 
@@ -132,7 +107,7 @@ def _offer_without_payload(
     if admission.admitted:
         return reason
     outcome = cast(EntryOutcomeKind, admission.kind)
-    settle(rt, entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, None)
+    rt.settle(entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, None)
     _log_admission(rt, admission)
     return None
 
@@ -168,28 +143,6 @@ def _meta(msg: Contribution, entry: Entry) -> ContributionMeta:
     )
 
 
-def settle(
-    rt: FragmentRuntime,
-    entry_id: str,
-    learner_id: str,
-    round_id: int,
-    outcome: EntryOutcomeKind,
-    reason: str,
-    blob: BlobRef | None,
-    bytes_in: int = 0,
-) -> None:
-    """Queue an entry for the next commit's acks, with its outcome for the round record
-    (``bytes_in``: its payload's size when it was fetched)."""
-    record = EntryOutcome(
-        entry_id=entry_id,
-        learner_id=learner_id or "?",
-        round_id=round_id,
-        outcome=outcome,
-        reason=reason,
-    )
-    rt.settled.append(Settled(outcome=record, blob=blob, bytes_in=bytes_in))
-
-
 def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected]) -> None:
     """Move refused entries to the fragment's ``dlq`` with their reasons, fenced, in one commit
     that also counts them in the fragment's state.
@@ -208,8 +161,8 @@ def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected])
     commit_ops.append(SetOp(bus.keys.state(p), state.to_bytes()))
     bus.commit(rt.lease, commit_ops, commit_id=f"{p}:dlq:{rejected[0][0].id}")
     rt.state = state
+    rt.forget(entry.id for entry, _ in rejected)
     for entry, reason in rejected:
-        rt.known.discard(entry.id)
         log.warning("contribution.dead_lettered fragment %d entry %s: %s", p, entry.id, reason)
         ctx.emit("contribution.dead_lettered", reason, fragment=p, entry=entry.id)
 

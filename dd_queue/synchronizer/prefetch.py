@@ -30,7 +30,7 @@ Without a worker (``threads=0``: ``MemoryBus`` and the deterministic in-process 
 entry is read when its result is asked for: the same calls in the same order as a plain loop.
 Both ways run the same ``_read_now`` (read, decode, norms), so results are bit-identical.
 
-With fetch processes (``processes > 0``; ``dd_queue.fetchers``, Linux) the GET, the checks, the
+With fetch processes (``processes > 0``; ``fetchers``, Linux) the GET, the checks, the
 decode and the norms all run in child processes, each with its own interpreter and Redis
 connection, and the child decodes into the very pooled array (in shared memory) that the loop then
 merges from (codes and scales, or float32: ``codec.codes_view`` gives the loop the same
@@ -52,14 +52,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, cast
 
-from dd_queue import fetchers
 from dd_queue.bus import BlobRef, Bus, Entry, RedisBus, ops
 from dd_queue.core.blockwise import Delta
 from dd_queue.core.codec import codes_view, keeps_codes
 from dd_queue.core.fragments import Fragment
-from dd_queue.core.merge import F32, F64, segment_sq_norms
+from dd_queue.core.merge import F32, F64, needs_norms, segment_sq_norms
 from dd_queue.errors import DDQError
 from dd_queue.messages import Contribution
+from dd_queue.synchronizer import fetchers
 from dd_queue.synchronizer.context import Context
 
 __all__ = ["Decoded", "Prefetcher", "Read"]
@@ -96,7 +96,7 @@ class Prefetcher:
     Args:
         ctx: The synchronizer's context (bus, run id, limits, Redis settings).
         threads: Worker threads; 0 reads inline. Ignored when ``processes`` > 0.
-        processes: Fetch processes (``dd_queue.fetchers``; needs a ``RedisBus`` made from a
+        processes: Fetch processes (``fetchers``; needs a ``RedisBus`` made from a
             URL, and Linux).
         window: Most entries read ahead.
         window_bytes: Most decoded bytes read ahead.
@@ -117,7 +117,7 @@ class Prefetcher:
             )
         self._ctx = ctx
         self._window, self._window_bytes = window, window_bytes
-        self._norms = ctx.sync.merge_rule == "rda"
+        self._norms = needs_norms(ctx.sync.merge_rule)
         self._procs: fetchers.FetchProcesses | None = None
         self._pool: ThreadPoolExecutor | None = None
         if processes:

@@ -10,14 +10,22 @@ Redis holds. The state gives Θ_p, the momentum and the ring; the round is rebui
   other consumers (``reclaim``: a dead or fenced former owner's). They are offered to the round
   again; an entry applied by an earlier commit was acked by that same commit, so it is not
   pending, and a duplicate of it is refused as ``late`` (its round is at most the last merged).
+
+Poison pills: an entry that crashes the synchronizer (a bug the checks do not catch) would
+crash every restart, since each restart reads it again. Each take counts, in the fragment's
+``takes`` key (fenced), how many takes found each entry still pending; one found more than
+``synchronizer.max_takes`` times is dead-lettered as ``poison`` instead of offered again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
-from dd_queue.bus import Entry, Lease
+import msgpack
+
+from dd_queue.bus import Entry, Lease, SetOp
 from dd_queue.core.rounds import RoundState
 from dd_queue.errors import ProtocolError
 from dd_queue.fragment_state import FragmentState
@@ -25,7 +33,14 @@ from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, RoundOpen
 from dd_queue.synchronizer.context import Context
 
-__all__ = ["latest_round", "pending_entries", "rebuild_round", "reclaim_entries"]
+__all__ = [
+    "count_takes",
+    "latest_round",
+    "pending_entries",
+    "rebuild_round",
+    "reclaim_entries",
+    "takes_after",
+]
 
 log = logging.getLogger("dd_queue.synchronizer")
 
@@ -121,3 +136,41 @@ def acquire(ctx: Context, fragment_id: int) -> Lease | None:
     return ctx.bus.acquire_lease(
         ctx.bus.keys.lease(fragment_id), ctx.owner, ttl_s=ctx.sync.lease_ttl_s
     )
+
+
+def takes_after(
+    counts: Mapping[str, int], pending: Sequence[str], *, max_takes: int
+) -> tuple[dict[str, int], list[str]]:
+    """One more take of a fragment (pure): the new counts, for exactly the entries still
+    pending, and those now found pending more than ``max_takes`` times (to dead-letter)."""
+    after = {entry_id: counts.get(entry_id, 0) + 1 for entry_id in dict.fromkeys(pending)}
+    return after, [entry_id for entry_id, n in after.items() if n > max_takes]
+
+
+def count_takes(
+    ctx: Context, lease: Lease, fragment_id: int, entries: Sequence[Entry]
+) -> list[tuple[Entry, str]]:
+    """Count this take of the fragment against its pending ``entries`` (fenced) and return
+    those to dead-letter as poison, with the reason.
+
+    Raises:
+        LeaseLost: The lease was taken over; nothing was written.
+    """
+    key, limit = ctx.bus.keys.takes(fragment_id), ctx.sync.max_takes
+    raw = ctx.bus.get(key) or b""
+    try:
+        counts = {str(k): int(v) for k, v in msgpack.unpackb(raw).items()} if raw else {}
+    except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+        log.warning("takes.unreadable fragment %d: %s; counting from zero", fragment_id, exc)
+        counts = {}
+    after, poisoned = takes_after(counts, [e.id for e in entries], max_takes=limit)
+    if after or counts:
+        packed = msgpack.packb(after)
+        digest = hashlib.sha256(raw + b"|" + packed).hexdigest()[:16]
+        ctx.bus.commit(lease, [SetOp(key, packed)], commit_id=f"{fragment_id}:takes:{digest}")
+    why = (
+        f"poison: still pending after {limit + 1} takes of fragment {fragment_id} (synchronizer "
+        f"restarts or takeovers; synchronizer.max_takes {limit}): it may be what stops them"
+    )
+    doomed = set(poisoned)
+    return [(e, why) for e in entries if e.id in doomed]

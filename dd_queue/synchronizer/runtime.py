@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,13 @@ from dd_queue.core.policy import Decision
 from dd_queue.core.rounds import RoundState
 from dd_queue.errors import ConfigError
 from dd_queue.fragment_state import FragmentState, fragment_of, segments_of
-from dd_queue.messages import Contribution, EntryOutcome, GlobalFragment, RoundOpen
+from dd_queue.messages import (
+    Contribution,
+    EntryOutcome,
+    EntryOutcomeKind,
+    GlobalFragment,
+    RoundOpen,
+)
 from dd_queue.synchronizer import blobs
 from dd_queue.synchronizer.context import Context
 from dd_queue.synchronizer.source import Arrays
@@ -126,6 +133,94 @@ class FragmentRuntime:
             held=tuple(sorted(self.held)),
             reason=reason,
         )
+
+    # ── transitions: the only places that change a runtime's round, entries and version ──
+    def first_sight(self, entry_id: str) -> bool:
+        """Mark an entry read in this lifetime; False when it was already (a redelivery, e.g.
+        reclaimed from ourselves: it is held or settled already)."""
+        if entry_id in self.known:
+            return False
+        self.known.add(entry_id)
+        return True
+
+    def settle(
+        self,
+        entry_id: str,
+        learner_id: str,
+        round_id: int,
+        outcome: EntryOutcomeKind,
+        reason: str,
+        blob: BlobRef | None,
+        bytes_in: int = 0,
+    ) -> None:
+        """Queue an entry for the next commit's acks, with its outcome for the round record
+        (``bytes_in``: its payload's size when it was fetched)."""
+        record = EntryOutcome(
+            entry_id=entry_id,
+            learner_id=learner_id or "?",
+            round_id=round_id,
+            outcome=outcome,
+            reason=reason,
+        )
+        self.settled.append(Settled(outcome=record, blob=blob, bytes_in=bytes_in))
+
+    def hold(self, held: Held, round_after: RoundState) -> Held | None:
+        """Hold an admitted contribution (``round_after``: the round that admitted it). One of
+        the same learner that it replaces is settled as ``superseded`` and returned (its
+        buffer is the caller's to give back)."""
+        self.round = round_after
+        learner = held.msg.learner_id
+        old = self.held.get(learner)
+        if old is not None:
+            why = f"replaced by {learner}'s round {held.msg.round_id} contribution"
+            self.settle(
+                old.entry.id,
+                learner,
+                old.msg.round_id,
+                "superseded",
+                why,
+                old.blob,
+                old.blob.nbytes,
+            )
+        self.held[learner] = held
+        return old
+
+    def refuse(self, learner_ids: frozenset[str]) -> None:
+        """Drop held contributions (to be dead-lettered) from the round; it is decided anew."""
+        for learner in learner_ids:
+            self.held.pop(learner, None)
+        self.round = self.round.without(learner_ids)
+        self.decision = None
+
+    def forget(self, entry_ids: Iterable[str]) -> None:
+        """Entries that left the group (committed or dead-lettered): no longer redeliveries."""
+        self.known.difference_update(entry_ids)
+
+    def after_merge(
+        self,
+        *,
+        state: FragmentState,
+        theta: F32,
+        momentum: NesterovState,
+        next_round_id: int,
+        now: float,
+        entry_ids: Iterable[str],
+    ) -> list[Delta]:
+        """The merge's commit is in: take its version, open the placeholder of the fragment's
+        next round. Returns the arrays nothing reads any more (for the buffer pool)."""
+        replaced: list[Delta] = [self.theta, self.momentum.momentum_buffer]
+        replaced += [h.delta for h in self.held.values()]
+        self.theta, self.momentum, self.state = theta, momentum, state
+        self.ring.push(state.version, theta)
+        self.round = self.round.after_merge(round_id=next_round_id, opened_at_s=now)
+        self.announced, self.decision, self.held, self.settled = False, None, {}, []
+        self.forget(entry_ids)
+        return replaced
+
+    def after_abandon(self, *, state: FragmentState, entry_ids: Iterable[str]) -> None:
+        """The abandon record is in: settled entries are acked, held ones carried."""
+        self.state, self.settled, self.announced, self.decision = state, [], False, None
+        self.forget(entry_ids)
 
     def announce(self, ctx: Context, round_id: int, now: float, reason: str) -> None:
         """Open ``round_id`` (≥ the placeholder) and append its ``RoundOpen`` to the run's

@@ -7,25 +7,25 @@ publishes each new global version. The same class runs in the service (``RedisBu
 ``SystemClock``, ``pump`` called in a loop) and in the deterministic in-process runner
 (``MemoryBus`` + ``FakeClock``, ``pump(block_ms=0)`` from one thread).
 
-One ``pump``, in order:
+One ``pump`` reads as its five steps, after housekeeping (leases, liveness, heartbeat, fault
+commands, reclaimed entries) and the opening of the round that is due:
 
-1. fault point ``before_round``; housekeeping: renew leases (a lost one drops its fragment),
-   take free or expired fragments over, refresh learner liveness, beat, poll fault commands,
-   reclaim idle pending entries;
-2. open the round that is due (synchronizer-paced) on the ``open`` stream;
-3. decide every open round (``core.policy.decide``): merge, abandon or wait;
-4. read new contributions through the group (blocking up to ``block_ms``, never past the next
-   wake-up; not at all while entries read earlier wait), validate, dead-letter or admit them
-   stream by stream, deciding each fragment as soon as its entries are in (the fast path merges
-   as soon as every live learner contributed) and opening rounds that fell due meanwhile; then
-   decide again;
-5. return the next wake-up time (clock seconds).
+1. **read** new contributions through the group (``contributions.Contributions``: blocking up
+   to ``block_ms``, never past the next wake-up, not at all while entries read earlier wait),
+   each one fetched, verified and decoded ahead of the loop where a fetch thread or processes
+   run;
+2. **admit** them, one fragment's batch at a time (``intake.admit``): held for the merge,
+   settled with an outcome, or dead-lettered with the reason;
+3. **decide** the fragment's open round (``core.policy.decide``): merge, abandon or wait (the
+   fast path merges as soon as every live learner contributed);
+4. **merge** the held contributions into a new Θ_p and momentum in memory (``merge.merge``);
+   a result that is not finite refuses its culprits instead;
+5. **commit** the round in one fenced commit (``commit.commit_merge``, or
+   ``commit.commit_abandon``).
 
-With a fetch thread (``prefetch``; on a ``RedisBus``), payloads are fetched and decoded ahead
-of admission, and just before a fragment's merge the group is read once more without blocking,
-so the entries that arrived meanwhile are decoded during the merge; they are admitted by the
-next ``pump``, first thing. Without one (``MemoryBus``, the deterministic runner), each entry
-is read when admission reaches it, as a plain loop would.
+Every owned round is decided once more before the read (a deadline may have passed) and after
+the batches; ``pump`` returns the next wake-up time (clock seconds). ``docs/architecture.md``
+follows one contribution through these calls.
 
 Exactly-once rests on two facts: a round's acks are in the same fenced commit as its new version
 (so an applied entry is never pending again), and a contribution whose round is at most the last
@@ -34,15 +34,13 @@ merged one is refused as late (so a duplicated entry is never applied twice).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-from dd_queue.bus import Bus, Entry, Lease, RedisBus
+from dd_queue.bus import Bus, Lease
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import FragmentPlan
@@ -50,14 +48,14 @@ from dd_queue.core.policy import decide
 from dd_queue.core.schedule import RoundOpening, next_round
 from dd_queue.errors import BusError, ConfigError, LeaseLost
 from dd_queue.faults import FaultInjector
-from dd_queue.fetchers import available
-from dd_queue.keys import SYNC_GROUP, check_name
-from dd_queue.synchronizer import recovery
-from dd_queue.synchronizer.closing import RoundFailed, abandon_round, merge_round
+from dd_queue.keys import check_name
+from dd_queue.synchronizer import intake, recovery
+from dd_queue.synchronizer.commit import commit_abandon, commit_merge
 from dd_queue.synchronizer.context import Context, hard_kill
-from dd_queue.synchronizer.intake import admit_entries, dead_letter, to_read
+from dd_queue.synchronizer.contributions import Batch, Contributions
+from dd_queue.synchronizer.fetchers import available
 from dd_queue.synchronizer.members import Commands, Learners, beat
-from dd_queue.synchronizer.prefetch import Prefetcher
+from dd_queue.synchronizer.merge import RoundFailed, merge
 from dd_queue.synchronizer.runtime import (
     FragmentRuntime,
     FragmentStatus,
@@ -71,8 +69,6 @@ from dd_queue.synchronizer.source import Arrays, ConfigModelSource, ModelSource,
 __all__ = ["FragmentStatus", "Synchronizer"]
 
 log = logging.getLogger("dd_queue.synchronizer")
-READ_COUNT = 64
-"""Entries read per ``up`` stream per pump."""
 
 
 class Synchronizer:
@@ -92,7 +88,7 @@ class Synchronizer:
         fetch_threads: Threads that fetch and decode contributions ahead of the loop
             (``prefetch``) when there are no fetch processes; default 1 on a ``RedisBus``, 0
             (inline, deterministic) otherwise.
-        fetch_processes: Child processes that do it instead (``dd_queue.fetchers``); default
+        fetch_processes: Child processes that do it instead (``fetchers``); default
             ``synchronizer.fetch_processes`` on a ``RedisBus`` where they work (Linux), else 0.
 
     Raises:
@@ -137,14 +133,15 @@ class Synchronizer:
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
         self.rounds_merged = 0
-        redis_url = bus.url if isinstance(bus, RedisBus) else None
-        if fetch_processes is None:
-            by_url = redis_url is not None and available()
+        remote = getattr(bus, "remote", type(bus).__name__ == "RedisBus")  # until Bus.remote
+        if fetch_processes is None:  # they connect by URL, and pay only across a network
+            by_url = remote and getattr(bus, "url", None) is not None and available()
             fetch_processes = cfg.synchronizer.fetch_processes if by_url else 0
         if fetch_threads is None:
-            fetch_threads = 1 if isinstance(bus, RedisBus) else 0
-        self._prefetch = Prefetcher(self.ctx, threads=fetch_threads, processes=fetch_processes)
-        self._incoming: deque[Entry] = deque()  # read from the group, not yet admitted
+            fetch_threads = 1 if remote else 0
+        self.contributions = Contributions(
+            self.ctx, threads=fetch_threads, processes=fetch_processes
+        )
 
     # ── lifecycle ─────────────────────────────────────────────────────────────────────────
     def start(self) -> None:
@@ -157,7 +154,7 @@ class Synchronizer:
         """
         if self._plan is not None:
             return
-        self._prefetch.start()  # warm before any read: a takeover must not wait for start-up
+        self.contributions.start()  # warm before any read: a takeover must not wait for start-up
         ctx, now = self.ctx, self.ctx.clock.now()
         self._plan = plan_of(self._source, ctx.sync)
         latest = recovery.latest_round(ctx)
@@ -175,10 +172,9 @@ class Synchronizer:
         stay pending; the next owner reclaims them once idle. Before ``start`` it writes nothing
         (a synchronizer stopped while it waited for Redis exits at once)."""
         ctx = self.ctx
-        self._prefetch.close()
+        self.contributions.close()
         if self._plan is None:
             return
-        self._incoming.clear()
         for rt in self.fragments.values():
             try:
                 ctx.bus.release_lease(rt.lease)
@@ -204,39 +200,51 @@ class Synchronizer:
             ConfigError: A fragment taken over belongs to another model or config.
         """
         self.start()
-        ctx = self.ctx
-        now = ctx.clock.now()
-        if now < self._offline_until:
+        clock, now = self.ctx.clock, self.ctx.clock.now()
+        if now < self._offline_until or self._disconnected(now):
             return self._offline_until
         try:
-            fault = ctx.fault("before_round")
-            if fault is not None and fault.kind == "disconnect":
-                self._offline_until = now + fault.remaining_s(now)
-                log.warning("fault.disconnect for %.3g s", fault.remaining_s(now))
-                return self._offline_until
             self._housekeeping(now)
-            if ctx.sync.schedule == "synchronizer":
-                self._open_due(now)
-            self._decide_all(now)
-            wait_s = 0.0 if self._incoming else self._wake(now) - now
-            self._queue(self._read(block_ms, wait_s))
-            if self._incoming:
-                self._intake()
-                self._decide_all(ctx.clock.now())
-            return self._wake(ctx.clock.now())
-        except LeaseLost:
-            raise  # unreachable: handled per fragment by _each
+            self._open_due(now)
+            self._each(lambda rt: self._close(rt, now))
+            self.contributions.read(self.fragments, block_ms=self._block_ms(block_ms, now))  # 1
+            admitted = False
+            for batch in self.contributions.batches(self.fragments):
+                self._intake(batch)  # 2-5
+                admitted = True
+            if admitted:
+                self._each(lambda rt: self._close(rt, clock.now()))
+            return self._wake(clock.now())
         except BusError as exc:
             # A commit whose reply never came may or may not have applied: forget everything
             # and rebuild from Redis once it answers again (``start`` path via ``_acquire_free``).
             log.error("synchronizer.bus_error %s; dropping %d fragments", exc, len(self.fragments))
             self.fragments.clear()
-            self._incoming.clear()  # still pending: re-read with each fragment's own entries
-            self._prefetch.clear()
+            self.contributions.clear()  # still pending: re-read with each fragment's own entries
             self._timers["acquire"] = now + 1.0
             return now + 1.0
 
+    def _intake(self, batch: Batch) -> None:
+        """Steps 2-5 for one fragment's batch: admit, open what fell due meanwhile, close."""
+        rt, clock = batch.rt, self.ctx.clock
+        try:
+            self._admit(rt, batch)
+            self._open_due(clock.now())  # on time, also while merging
+            self._close(rt, clock.now())
+        except LeaseLost as exc:
+            self._drop(rt.fragment_id, str(exc))
+
+    def _disconnected(self, now: float) -> bool:
+        """Whether a ``disconnect`` fault takes this synchronizer offline now."""
+        fault = self.ctx.fault("before_round")
+        if fault is None or fault.kind != "disconnect":
+            return False
+        self._offline_until = now + fault.remaining_s(now)
+        log.warning("fault.disconnect for %.3g s", fault.remaining_s(now))
+        return True
+
     def _each(self, fn: Callable[[FragmentRuntime], None]) -> None:
+        """``fn`` on every owned fragment; a lost lease drops the fragment."""
         for p, rt in list(self.fragments.items()):
             try:
                 fn(rt)
@@ -245,9 +253,8 @@ class Synchronizer:
 
     def _drop(self, p: int, why: str) -> None:
         if self.fragments.pop(p, None) is not None:
-            stream = self.ctx.bus.keys.up(p)  # its queued entries stay pending for the next owner
-            self._prefetch.discard(e for e in self._incoming if e.stream == stream)
-            self._incoming = deque(e for e in self._incoming if e.stream != stream)
+            # its queued entries stay pending for the next owner
+            self.contributions.forget(self.ctx.bus.keys.up(p))
             log.warning("lease.lost fragment %d: %s", p, why)
             self.ctx.emit("lease.lost", why, fragment=p)
 
@@ -265,7 +272,7 @@ class Synchronizer:
             self._beat(now)
         if now >= self._timers["reclaim"]:
             self._timers["reclaim"] = now + max(0.1, ctx.sync.claim_idle_ms / 2000)
-            self._each(lambda rt: self._admit(rt, recovery.reclaim_entries(ctx, rt.fragment_id)))
+            self._each(lambda rt: self._admit(rt, self._reclaimed(rt)))
 
     def _renew(self, rt: FragmentRuntime, now: float, *, early_s: float) -> None:
         ttl = self.ctx.sync.lease_ttl_s
@@ -305,11 +312,16 @@ class Synchronizer:
                 ctx, state, plan_digest=plan.digest, allow_config_change=self._allow_config_change
             )
         entries = recovery.pending_entries(ctx, p) + recovery.reclaim_entries(ctx, p)
+        poisoned = recovery.count_takes(ctx, lease, p, entries)
+        if poisoned:
+            doomed = {e.id for e, _ in poisoned}
+            entries = [e for e in entries if e.id not in doomed]
         latest = recovery.latest_round(ctx)
         round_state, announced = recovery.rebuild_round(ctx, state, entries, latest=latest, now=now)
         rt = load_fragment(ctx, lease, state, round_state=round_state)
         rt.announced = announced
         self.fragments[p] = rt
+        intake.dead_letter(ctx, rt, poisoned)
         log.info(
             "lease.acquired fragment %d token %d: version %d, round %d%s, %d pending",
             p,
@@ -320,7 +332,7 @@ class Synchronizer:
             len(entries),
         )
         ctx.emit("lease.acquired", f"{ctx.owner} owns fragment {p}", fragment=p)
-        self._admit(rt, entries)
+        self._admit(rt, self.contributions.batch(rt, entries))
         if ctx.sync.schedule == "learner" and not rt.announced:
             rt.announce(ctx, rt.round.round_id, now, "learner-paced: one round open per fragment")
 
@@ -345,6 +357,8 @@ class Synchronizer:
         )
 
     def _open_due(self, now: float) -> None:
+        if self.ctx.sync.schedule != "synchronizer":
+            return  # learner-paced: each close opens the fragment's next round
         opening = self._next_opening(now)
         if not opening.open_now:
             return
@@ -365,20 +379,17 @@ class Synchronizer:
         except LeaseLost as exc:
             self._drop(rt.fragment_id, str(exc))
 
-    def _decide_all(self, now: float) -> None:
-        self._each(lambda rt: self._decide(rt, now))
-
-    def _decide(self, rt: FragmentRuntime, now: float) -> None:
+    def _close(self, rt: FragmentRuntime, now: float) -> None:
+        """Steps 3-5 for one fragment: decide its open round; merge and commit, or abandon."""
         if not rt.announced:
             return
         ctx = self.ctx
-        estimates = rt.state.estimates(self._learners.step)
         d = decide(
             now,
             rt.round.view(),
             self._learners.live,
             params=ctx.policy,
-            estimates=estimates,
+            estimates=rt.state.estimates(self._learners.step),
             unacked=len(rt.settled),
         )
         previous, rt.decision = rt.decision, d
@@ -389,13 +400,14 @@ class Synchronizer:
         self._renew(rt, now, early_s=ctx.sync.lease_ttl_s / 3)
         if d.kind == "merge":
             try:
-                merge_round(ctx, rt, d, now)
+                merged = merge(ctx, rt)
             except RoundFailed as failed:  # bad data: refuse it, the round goes on without it
                 self._refuse(rt, failed)
                 return
+            commit_merge(ctx, rt, d, merged, now)
             self.rounds_merged += 1
         else:
-            abandon_round(ctx, rt, d, now)
+            commit_abandon(ctx, rt, d, now)
         if ctx.sync.schedule == "learner":
             next_id = rt.round.round_id + (ctx.sync.n_fragments if d.kind == "abandon" else 0)
             rt.announce(ctx, next_id, now, "learner-paced: next round of the fragment")
@@ -403,85 +415,33 @@ class Synchronizer:
     def _refuse(self, rt: FragmentRuntime, failed: RoundFailed) -> None:
         """Dead-letter the contributions that made a merge non-finite; the round is decided
         again without them (its next decision may merge the rest, or abandon)."""
-        for h, _ in failed.culprits:
-            rt.held.pop(h.msg.learner_id, None)
-        rt.round = rt.round.without(frozenset(h.msg.learner_id for h, _ in failed.culprits))
+        rt.refuse(frozenset(h.msg.learner_id for h, _ in failed.culprits))
         self.ctx.buffers.give([h.delta for h, _ in failed.culprits])
-        rt.decision = None
         log.error("round.refused fragment %d round %d: %s", rt.fragment_id, rt.round.round_id,
                   failed)  # fmt: skip
-        dead_letter(self.ctx, rt, [(h.entry, reason) for h, reason in failed.culprits])
+        intake.dead_letter(self.ctx, rt, [(h.entry, reason) for h, reason in failed.culprits])
 
     # ── contributions ─────────────────────────────────────────────────────────────────────
-    def _read(self, block_ms: int, wait_s: float) -> list[Entry]:
-        ctx = self.ctx
-        block = int(min(block_ms, max(0.0, wait_s) * 1000)) if block_ms > 0 else 0
-        streams = [ctx.bus.keys.up(p) for p in sorted(self.fragments)]
-        if not streams:
-            return []  # standby: the caller waits until the next wake-up
-        return ctx.bus.read_group(
-            streams, SYNC_GROUP, ctx.owner, count=READ_COUNT, block_ms=block or None
-        )
+    def _block_ms(self, block_ms: int, now: float) -> int:
+        """How long the read may wait: ``block_ms``, never past the next wake-up, and not at
+        all while entries read earlier wait."""
+        if block_ms <= 0 or self.contributions.waiting:
+            return 0
+        return int(min(block_ms, max(0.0, self._wake(now) - now) * 1000))
 
-    def _queue(self, entries: Sequence[Entry]) -> None:
-        """Queue entries read from the group for admission, and for reading ahead."""
-        self._incoming.extend(entries)
-        by_stream = {self.ctx.bus.keys.up(p): rt for p, rt in self.fragments.items()}
-        for stream in dict.fromkeys(e.stream for e in entries):
-            if (rt := by_stream.get(stream)) is not None:
-                todo = to_read(rt, (e for e in entries if e.stream == stream))
-                self._prefetch.submit(todo, fragment=rt.fragment)
+    def _reclaimed(self, rt: FragmentRuntime) -> Batch:
+        return self.contributions.batch(rt, recovery.reclaim_entries(self.ctx, rt.fragment_id))
 
-    def _intake(self) -> None:
-        """Admit the queued entries, stream by stream, deciding each fragment as soon as its
-        entries are in. With a fetch thread, the entries that arrived meanwhile are read from
-        the group (without blocking) before the last merge, so they are fetched and decoded
-        during it; they are admitted by the next ``pump``."""
-        clock, by_stream = (
-            self.ctx.clock,
-            {self.ctx.bus.keys.up(p): rt for p, rt in self.fragments.items()},
-        )
-        batch, self._incoming = self._incoming, deque()
-        try:
-            while batch:
-                stream, run = batch[0].stream, []
-                while batch and batch[0].stream == stream:
-                    run.append(batch.popleft())
-                rt = by_stream.get(stream)
-                if rt is None or self.fragments.get(rt.fragment_id) is not rt:
-                    self._prefetch.discard(run)  # the lease was lost: the next owner reclaims
-                    continue
-                try:
-                    self._admit(rt, run, clock.now())
-                    if self.ctx.sync.schedule == "synchronizer":
-                        self._open_due(clock.now())  # on time, also while merging
-                    if self._prefetch.threaded and not batch and not self._incoming:
-                        self._queue(self._read(0, 0.0))
-                    self._decide(rt, clock.now())
-                except LeaseLost as exc:
-                    self._drop(rt.fragment_id, str(exc))
-        finally:
-            batch.extend(self._incoming)  # an error left some unadmitted: keep the order
-            self._incoming = batch
-
-    def _admit(
-        self, rt: FragmentRuntime, entries: Sequence[Entry], now: float | None = None
-    ) -> None:
-        at = self.ctx.clock.now() if now is None else now
-        prefetch = self._prefetch
-        prefetch.submit(to_read(rt, entries), fragment=rt.fragment)
-        try:
-            read = functools.partial(prefetch.read, fragment=rt.fragment)
-            rejected = admit_entries(self.ctx, rt, entries, at, read)
-        finally:
-            prefetch.discard(entries)  # those it did not read (seen before, or an error)
-        dead_letter(self.ctx, rt, rejected)
+    def _admit(self, rt: FragmentRuntime, batch: Batch) -> None:
+        with batch:
+            rejected = intake.admit(self.ctx, rt, batch, self.ctx.clock.now())
+        intake.dead_letter(self.ctx, rt, rejected)
 
     # ── timing and status ─────────────────────────────────────────────────────────────────
     def _wake(self, now: float) -> float:
         ttl = self.ctx.sync.lease_ttl_s
         times = [*self._timers.values(), self._learners.next_at]
-        if self._incoming:
+        if self.contributions.waiting:
             times.append(now)  # entries read ahead wait for admission
         if self.ctx.sync.schedule == "synchronizer":
             times.append(self._next_opening(now).due_at_s)

@@ -1,4 +1,4 @@
-"""Fetch processes (``dd_queue.fetchers``) against a real redis-server, with real processes.
+"""Fetch processes (``synchronizer.fetchers``) against a real redis-server, with real processes.
 
 What a child reads must be exactly what the synchronizer reads inline: the same message, the
 same float32 bits, the same segment norms, or the same exception with the same message. A child
@@ -23,13 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dd_queue import fetchers
 from dd_queue.bus import Entry, RedisBus, RedisOptions
 from dd_queue.clock import SystemClock
 from dd_queue.core.blockwise import as_float32
 from dd_queue.core.codec import CodecSpec, encode
 from dd_queue.errors import BusError
-from dd_queue.synchronizer import Synchronizer
+from dd_queue.synchronizer import Synchronizer, fetchers
 from dd_queue.synchronizer.buffers import BufferPool, framed
 from dd_queue.synchronizer.prefetch import Prefetcher
 from tests.integration.conftest import wait_until
@@ -167,7 +166,7 @@ def test_fetch_processes_exit_when_their_parent_is_killed(redis_server: RedisPro
         import sys, time
         from dd_queue.bus import RedisOptions
         from dd_queue.config import DDQConfig
-        from dd_queue.fetchers import FetchProcesses
+        from dd_queue.synchronizer.fetchers import FetchProcesses
         procs = FetchProcesses(
             2, url={redis_server.url!r}, run_id="k", options=RedisOptions(),
             limits=DDQConfig().wire.message_limits(), norms=False,

@@ -33,7 +33,7 @@ from tests.synchronizer_support import (
     records,
     state_of,
 )
-from tests.unit.test_synchronizer import kill, new_sync, open_round, size_of
+from tests.unit.test_synchronizer import Killed, kill, new_sync, open_round, size_of
 
 LOGGER = "dd_queue.synchronizer"
 
@@ -780,3 +780,69 @@ def test_a_contribution_the_anchoring_drops_is_recorded_with_its_reason(bus, clo
         "dropped",
         "L0: base v0 left the ring (holds v2..v2); dropped as too stale",
     )
+
+
+# ── poison pills: an entry still pending after max_takes takes ─────────────────────────────
+
+
+def test_takes_after_counts_only_what_is_still_pending_and_names_those_over_the_limit():
+    after, poisoned = recovery.takes_after({"a": 3, "b": 1, "gone": 9}, ["a", "b", "c", "a"],
+                                           max_takes=3)  # fmt: skip
+    assert after == {"a": 4, "b": 2, "c": 1}  # settled entries ("gone") are forgotten
+    assert poisoned == ["a"]
+    assert recovery.takes_after({}, [], max_takes=1) == ({}, [])
+    assert recovery.takes_after({"a": 1}, ["a"], max_takes=1) == ({"a": 2}, ["a"])
+
+
+def test_an_entry_that_kills_every_restart_is_dead_lettered_as_poison(bus, clock):
+    """A contribution whose merge kills the synchronizer (here: a kill fault at after_merge in
+    every process, as a crash the checks do not catch would) used to kill every restart; after
+    max_takes restarts have found it pending it is dead-lettered and the run goes on."""
+    cfg = make_config(quorum=1, max_takes=2)
+
+    def start(n: int):
+        injector = FaultInjector("sync-0", clock=clock)
+        injector.arm("kill", fault_id=f"k{n}", params={"point": "after_merge"})
+        return new_sync(bus, clock, cfg, injector=injector)  # the same name: a take
+
+    sync = start(0)
+    r = open_round(sync, clock, 0)
+    delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+    bad = contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0,
+                     delta=delta)  # fmt: skip
+    kills = 0
+    while kills < 10:
+        try:
+            for _ in range(20):
+                sync.pump()
+                clock.advance(0.05)
+            break
+        except Killed:
+            kills += 1
+            clock.advance(1.0)
+            sync = start(kills)
+    assert kills == 3  # read once by the running process, then found pending by two takes
+    [letter] = dead_letters(bus, 0)
+    assert letter.fields["ddq.dlq.id"].decode() == bad
+    reason = letter.fields["ddq.dlq.reason"].decode()
+    assert reason.startswith("poison: still pending after 3 takes of fragment 0"), reason
+    assert pending_count(bus, 0) == 0 and sync.versions()[0] == 0
+
+
+def test_takes_of_entries_that_settle_do_not_accumulate(bus, clock):
+    """Restarts while entries merge normally never dead-letter anything."""
+    cfg = make_config(quorum=1, max_takes=1)
+    delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+    for version in range(1, 4):
+        sync = new_sync(bus, clock, cfg)
+        r = open_round(sync, clock, 0)
+        contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r,
+                   base_version=version - 1, delta=delta)  # fmt: skip
+        for _ in range(40):
+            sync.pump()
+            clock.advance(0.05)
+            if sync.versions()[0] == version:
+                break
+        assert sync.versions()[0] == version
+        sync.close()
+    assert dead_letters(bus, 0) == []

@@ -212,7 +212,7 @@ def test_reading_ahead_on_a_worker_merges_bit_identically_to_reading_inline(rule
         for learner in ("L0", "L1"):
             beat(bus, cfg, learner)
         sync = new_sync(bus, clock, cfg, fetch_threads=threads)
-        assert sync._prefetch.threaded == bool(threads)
+        assert sync.contributions._reader.threaded == bool(threads)
         rng = np.random.default_rng(5)
         fragment = sync.fragments[0].fragment
         for step, bases in enumerate([(0, 0), (1, 0), (2, 2)]):

@@ -154,7 +154,7 @@ class _Child:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dd_queue.fetchers", str(child.fileno())],
+                [sys.executable, "-m", "dd_queue.synchronizer.fetchers", str(child.fileno())],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
