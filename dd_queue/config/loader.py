@@ -29,7 +29,7 @@ from pydantic import BaseModel, SecretStr
 
 from dd_queue.config.schema import DDQConfig
 from dd_queue.errors import ConfigError
-from dd_queue.validation import validate_model
+from dd_queue.validation import deep_merge, read_yaml_mapping, validate_model
 
 ENV_PREFIX = "DDQ__"
 PRESETS = Path(__file__).resolve().parent / "presets"
@@ -90,23 +90,14 @@ def _read_yaml_tree(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
     resolved = path.resolve()
     if resolved in seen:
         raise ConfigError(f"config {path} extends itself (cycle: {[str(p) for p in seen]})")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config {path} must be a mapping of sections, not {type(loaded)}")
+    loaded = read_yaml_mapping(path, what="config")
     parent = loaded.pop("extends", None)
     if parent is None:
         return loaded
     if not isinstance(parent, str):
         raise ConfigError(f"config {path}: 'extends' must be a file name, got {parent!r}")
     base = _read_yaml_tree(_parent_path(path, parent), seen=(*seen, resolved))
-    return _deep_merge(base, loaded)
+    return deep_merge(base, loaded)
 
 
 def _parent_path(path: Path, parent: str) -> Path:
@@ -121,16 +112,6 @@ def _preset(name: str) -> Path | None:
     """The packaged config called ``name`` (a bare name, no directory), if there is one."""
     path = PRESETS / f"{name}.yaml"
     return path if Path(name).name == name and path.is_file() else None
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def _apply_override(raw: dict[str, Any], name: str, value: str) -> None:

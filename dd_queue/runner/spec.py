@@ -22,15 +22,14 @@ runs on the same seed. ``RunnerSpec.derive`` then sets what the mode implies on 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dd_queue.config import DDQConfig, validate_config
 from dd_queue.errors import ConfigError
+from dd_queue.validation import deep_merge, read_yaml_mapping
 
 __all__ = [
     "NO_SYNC_STEPS",
@@ -206,27 +205,8 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         ConfigError: The file is missing, not YAML, or not a valid experiment.
     """
     file = Path(path)
-    try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read experiment file {file}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"experiment file {file} is not valid YAML: {exc}") from None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"experiment file {file} must hold a mapping at the top level")
+    raw = read_yaml_mapping(file, what="experiment file")
     try:
         return ExperimentSpec.model_validate(dict(raw))
     except ValidationError as exc:
         raise ConfigError(f"experiment file {file}: {exc}") from None
-
-
-def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over`` merged in: nested mappings merge, anything else replaces."""
-    merged = dict(base)
-    for key, value in over.items():
-        old = merged.get(key)
-        if isinstance(old, Mapping) and isinstance(value, Mapping):
-            merged[key] = deep_merge(old, value)
-        else:
-            merged[key] = value
-    return merged

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import ConfigError, CoreError
-from dd_queue.validation import validate_model
+from dd_queue.validation import read_yaml_mapping, validate_model
 
 __all__ = [
     "REGIMES",
@@ -285,15 +285,7 @@ def load_sim_config(
     """
     raw: dict[str, Any] = {}
     if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read simulator config {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"simulator config {path} is not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"simulator config {path} must be a mapping of sections")
-        raw = loaded or {}
+        raw = read_yaml_mapping(Path(path), what="simulator config")
     for key, value in (overrides or {}).items():
         _set_dotted(raw, key, value)
     return validate_sim_config(raw, source=str(path) if path is not None else "<defaults>")
