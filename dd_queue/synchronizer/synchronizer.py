@@ -46,7 +46,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import FragmentPlan
 from dd_queue.core.policy import decide
 from dd_queue.core.schedule import RoundOpening, next_round
-from dd_queue.errors import BusError, ConfigError, LeaseLost
+from dd_queue.errors import BlobMissing, BusError, ConfigError, LeaseLost, ProtocolError
 from dd_queue.faults import FaultInjector
 from dd_queue.keys import check_name
 from dd_queue.synchronizer import intake, recovery
@@ -69,6 +69,8 @@ from dd_queue.synchronizer.source import Arrays, ConfigModelSource, ModelSource,
 __all__ = ["FragmentStatus", "Synchronizer"]
 
 log = logging.getLogger("dd_queue.synchronizer")
+UNREADABLE_RETRY_S = 30.0
+"""How long a fragment that could not be loaded is left before the next try."""
 
 
 class Synchronizer:
@@ -132,6 +134,7 @@ class Synchronizer:
         self._pace: tuple[int, float] | None = None  # (last round id, when it was opened)
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
+        self._unreadable: dict[int, float] = {}  # fragment → when to try loading it again
         self.rounds_merged = 0
         remote = getattr(bus, "remote", type(bus).__name__ == "RedisBus")  # until Bus.remote
         if fetch_processes is None:  # they connect by URL, and pay only across a network
@@ -286,11 +289,29 @@ class Synchronizer:
         for p in range(ctx.sync.n_fragments):
             if len(self.fragments) >= limit:
                 return
-            if p not in self.fragments and (lease := recovery.acquire(ctx, p)) is not None:
-                try:
-                    self._take(p, lease, now)
-                except LeaseLost as exc:
-                    self._drop(p, str(exc))
+            if p in self.fragments or now < self._unreadable.get(p, float("-inf")):
+                continue
+            if (lease := recovery.acquire(ctx, p)) is None:
+                continue
+            try:
+                self._take(p, lease, now)
+            except LeaseLost as exc:
+                self._drop(p, str(exc))
+            except (ProtocolError, BlobMissing) as exc:  # bad data is never a crash
+                self._skip_unreadable(p, lease, now, exc)
+
+    def _skip_unreadable(self, p: int, lease: Lease, now: float, exc: Exception) -> None:
+        """A fragment whose state or Θ (no kept version at all) cannot be read: leave it, with
+        the reason, and try again later (an operator may restore it; the others go on)."""
+        self.fragments.pop(p, None)
+        self._unreadable[p] = now + UNREADABLE_RETRY_S
+        why = f"fragment {p} cannot be loaded ({exc}); retrying in {UNREADABLE_RETRY_S:.0f} s"
+        log.error("fragment.unreadable %s", why)
+        self.ctx.emit("fragment.unreadable", why, fragment=p)
+        try:
+            self.ctx.bus.release_lease(lease)
+        except BusError as err:
+            log.warning("lease.release_failed fragment %d: %s", p, err)
 
     def _take(self, p: int, lease: Lease, now: float) -> None:
         ctx, plan = self.ctx, self._plan
@@ -312,16 +333,16 @@ class Synchronizer:
                 ctx, state, plan_digest=plan.digest, allow_config_change=self._allow_config_change
             )
         entries = recovery.pending_entries(ctx, p) + recovery.reclaim_entries(ctx, p)
-        poisoned = recovery.count_takes(ctx, lease, p, entries)
-        if poisoned:
-            doomed = {e.id for e, _ in poisoned}
-            entries = [e for e in entries if e.id not in doomed]
         latest = recovery.latest_round(ctx)
         round_state, announced = recovery.rebuild_round(ctx, state, entries, latest=latest, now=now)
         rt = load_fragment(ctx, lease, state, round_state=round_state)
         rt.announced = announced
         self.fragments[p] = rt
-        intake.dead_letter(ctx, rt, poisoned)
+        poisoned = recovery.count_takes(ctx, lease, p, entries)  # a take that loaded
+        if poisoned:
+            intake.dead_letter(ctx, rt, poisoned)
+            doomed = {e.id for e, _ in poisoned}
+            entries = [e for e in entries if e.id not in doomed]
         log.info(
             "lease.acquired fragment %d token %d: version %d, round %d%s, %d pending",
             p,

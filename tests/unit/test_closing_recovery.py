@@ -846,3 +846,23 @@ def test_takes_of_entries_that_settle_do_not_accumulate(bus, clock):
         assert sync.versions()[0] == version
         sync.close()
     assert dead_letters(bus, 0) == []
+
+
+def test_a_fragment_whose_state_cannot_be_read_is_left_with_its_reason_not_a_crash(bus, clock):
+    """A garbled state key used to raise out of start() on every restart (a crash loop); now
+    the synchronizer owns the other fragments, says why, and tries the bad one again later."""
+    cfg = make_config()
+    new_sync(bus, clock, cfg, sid="sync-a").close()
+    bus.set(bus.keys.state(0), b"\x93garbage")
+    sync = new_sync(bus, clock, cfg)
+    assert sync.owned == {1}
+    [event] = events(bus, cfg, "fragment.unreadable")
+    assert event.fields["fragment"] == 0 and "cannot be loaded" in event.message
+    assert event.message.endswith("retrying in 30 s")
+    for _ in range(5):  # no retry before its time, no second event
+        sync.pump()
+        clock.advance(1.0)
+    assert sync.owned == {1} and len(events(bus, cfg, "fragment.unreadable")) == 1
+    clock.advance(25.0)
+    sync.pump()  # its time has come: tried again, refused again with its reason
+    assert sync.owned == {1} and len(events(bus, cfg, "fragment.unreadable")) == 2
