@@ -165,7 +165,8 @@ def unmet(needs: Sequence[Need], *, cfg: DDQConfig, bus: Bus | None) -> str | No
     unknown = unknown_needs(needs)
     if unknown:
         raise ValueError(f"unknown needs {unknown}; choose from {', '.join(NEEDS)}, member:<id>")
-    url = cfg.redis.url if bus is None else bus.url if isinstance(bus, RedisBus) else None
+    address = None if bus is None else bus.address
+    url = cfg.redis.url if bus is None else None if address is None else address.url
     if url is not None:  # a bus on a server (not in memory, not an injected client): PING it
         missing = _redis_missing(url, cfg.redis.options())
         if missing is not None:

@@ -12,6 +12,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dd_queue.bus._redis_conn import BusAddress
 from dd_queue.bus._values import check_fields, check_key, check_maxlen
 from dd_queue.bus.types import DEFAULT_CHUNK_BYTES, Entry, format_stream_id, parse_stream_id
 from dd_queue.clock import Clock, SystemClock
@@ -172,6 +173,14 @@ class MemoryCore:
     @property
     def blob_chunk_bytes(self) -> int:
         return self._chunk_bytes
+
+    @property
+    def remote(self) -> bool:
+        return False  # in this process: reading ahead on a worker costs more than it saves
+
+    @property
+    def address(self) -> BusAddress | None:
+        return None  # no other process can reach it
 
     @property
     def waiting_readers(self) -> int:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
@@ -43,6 +43,13 @@ log = logging.getLogger("dd_queue.bus")
 
 _BLOCK_MARGIN_MS = 1000
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError, builtins.TimeoutError)
+
+
+class BusAddress(NamedTuple):
+    """How another process reaches the same Redis: its URL and the client options."""
+
+    url: str
+    options: RedisOptions
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from dd_queue.bus._redis_conn import BusAddress
 from dd_queue.bus.types import (
     BlobData,
     BlobRef,
@@ -57,6 +58,17 @@ class Bus(Protocol):
     @property
     def blob_chunk_bytes(self) -> int:
         """Largest single value a blob is split into, in bytes."""
+        ...
+
+    @property
+    def remote(self) -> bool:
+        """Whether reads cross a network (a server), so that reading ahead on a worker pays."""
+        ...
+
+    @property
+    def address(self) -> BusAddress | None:
+        """How another process reaches the same bus (fetch processes, children), or None:
+        it cannot (an in-memory bus, or a bus over injected clients)."""
         ...
 
     # ── streams ───────────────────────────────────────────────────────────────────────────

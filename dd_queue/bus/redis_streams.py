@@ -28,7 +28,7 @@ import redis
 from redis.typing import EncodableT, KeyT, StreamIdT
 
 from dd_queue.bus import _replies
-from dd_queue.bus._redis_conn import Connections, RedisOptions
+from dd_queue.bus._redis_conn import BusAddress, Connections, RedisOptions
 from dd_queue.bus._redis_groups import RedisGroupOps
 from dd_queue.bus._redis_kv import RedisKeyValueOps, encode_fields
 from dd_queue.bus._values import (
@@ -130,6 +130,14 @@ class RedisBus(RedisGroupOps, RedisKeyValueOps):
     def url(self) -> str | None:
         """The server's URL, to connect another process to it (None: injected clients)."""
         return self._url
+
+    @property
+    def remote(self) -> bool:
+        return True
+
+    @property
+    def address(self) -> BusAddress | None:
+        return None if self._url is None else BusAddress(self._url, self.options)
 
     @property
     def options(self) -> RedisOptions:

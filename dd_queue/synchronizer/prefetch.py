@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, cast
 
-from dd_queue.bus import BlobRef, Bus, Entry, RedisBus, ops
+from dd_queue.bus import BlobRef, Bus, Entry, ops
 from dd_queue.core.blockwise import Delta
 from dd_queue.core.codec import codes_view, keeps_codes
 from dd_queue.core.fragments import Fragment
@@ -121,14 +121,13 @@ class Prefetcher:
         self._procs: fetchers.FetchProcesses | None = None
         self._pool: ThreadPoolExecutor | None = None
         if processes:
-            bus = ctx.bus
-            if not isinstance(bus, RedisBus) or bus.url is None:
-                raise ValueError("fetch processes need a RedisBus made from a URL")
+            if (address := ctx.bus.address) is None:
+                raise ValueError("fetch processes need a bus other processes reach (Redis by URL)")
             self._procs = fetchers.FetchProcesses(
                 processes,
-                url=bus.url,
+                url=address.url,
                 run_id=ctx.run_id,
-                options=bus.options,
+                options=address.options,
                 limits=ctx.limits,
                 norms=self._norms,
                 keyring=ctx.auth.keyring,

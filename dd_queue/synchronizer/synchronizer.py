@@ -136,12 +136,11 @@ class Synchronizer:
         self._offline_until = float("-inf")
         self._unreadable: dict[int, float] = {}  # fragment → when to try loading it again
         self.rounds_merged = 0
-        remote = getattr(bus, "remote", type(bus).__name__ == "RedisBus")  # until Bus.remote
-        if fetch_processes is None:  # they connect by URL, and pay only across a network
-            by_url = remote and getattr(bus, "url", None) is not None and available()
-            fetch_processes = cfg.synchronizer.fetch_processes if by_url else 0
+        if fetch_processes is None:  # they need the bus's address, and pay only over a network
+            reachable = bus.remote and bus.address is not None and available()
+            fetch_processes = cfg.synchronizer.fetch_processes if reachable else 0
         if fetch_threads is None:
-            fetch_threads = 1 if remote else 0
+            fetch_threads = 1 if bus.remote else 0
         self.contributions = Contributions(
             self.ctx, threads=fetch_threads, processes=fetch_processes
         )
