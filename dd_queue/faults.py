@@ -1,7 +1,9 @@
 """Fault injection: what is armed against one process, and whether it fires at a safe point.
 
-Learners and synchronizers call ``injector.check(point)`` at their safe points and apply the
-effect themselves (sleep, drop, corrupt, exit), because the effect depends on where they are.
+Learners and synchronizers ask ``injector.effect(point)`` at their safe points and get an
+``Effect``: what happens there (kill, stall for s, offline until t, drop, corrupt, an extra
+wait, a slow-down factor), as data. Each loop applies it in a line. The kind → effect mapping
+is one pure function, ``effect_of``; which point a kind fires at is ``DEFAULT_POINTS``.
 Faults arrive as ``FaultCommand`` messages (from the control plane through Redis, or from a
 config schedule) or are armed directly by tests.
 
@@ -28,6 +30,7 @@ A fault with a duration stays active until it ends; one without fires once.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -83,6 +86,76 @@ class Fault:
         return float(value)
 
 
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """What the fault that fires at one point does there (``NONE``: nothing; it is falsy).
+
+    Attributes:
+        fault_id: The fault ("" for none).
+        kind: Its kind (None for none).
+        point: Where it fired.
+        kill: Exit at once.
+        stall_s: Freeze this long (a stall), or None.
+        offline_until_s: Act as if the bus were unreachable until this clock time, or None.
+        drop: Lose what would be sent (or received) here.
+        corrupt: Send it with flipped payload bytes.
+        wait_s: Wait this long before going on (a delay).
+        slow_factor: The step takes this many times as long (1.0: as long as it takes).
+    """
+
+    fault_id: str = ""
+    kind: FaultKind | None = None
+    point: str = ""
+    kill: bool = False
+    stall_s: float | None = None
+    offline_until_s: float | None = None
+    drop: bool = False
+    corrupt: bool = False
+    wait_s: float = 0.0
+    slow_factor: float = 1.0
+
+    def __bool__(self) -> bool:
+        return self.kind is not None
+
+    @property
+    def reason(self) -> str:
+        """The effect in words, for logs and reports."""
+        return f"fault {self.fault_id}: {self.kind}" if self else "no fault"
+
+
+NONE = Effect()
+
+
+def effect_of(fault: Fault | None, point: str, now: float) -> Effect:
+    """What ``fault`` does at ``point`` at clock time ``now`` (pure).
+
+    A fault with a duration lasts ``remaining_s``. Without one it fires once:
+    - a stall freezes for ``params["seconds"]`` (default 1 s);
+    - a disconnect ends at once.
+    ``slow`` takes ``params["factor"]`` (default 2) and ``delay`` takes ``params["delay_s"]``
+    (default 1 s).
+    """
+    if fault is None:
+        return NONE
+    base = Effect(fault_id=fault.fault_id, kind=fault.kind, point=point)
+    remaining = fault.remaining_s(now)
+    match fault.kind:
+        case "kill":
+            return dataclasses.replace(base, kill=True)
+        case "stall":
+            return dataclasses.replace(base, stall_s=remaining or fault.number("seconds", 1.0))
+        case "disconnect":
+            return dataclasses.replace(base, offline_until_s=now + remaining)
+        case "drop":
+            return dataclasses.replace(base, drop=True)
+        case "corrupt":
+            return dataclasses.replace(base, corrupt=True)
+        case "delay":
+            return dataclasses.replace(base, wait_s=fault.number("delay_s", 1.0))
+        case "slow":
+            return dataclasses.replace(base, slow_factor=fault.number("factor", 2.0))
+
+
 class FaultInjector:
     """The faults armed against one member (a learner id or ``synchronizer``). Thread-safe."""
 
@@ -131,6 +204,10 @@ class FaultInjector:
                     return fault
         return None
 
+    def effect(self, point: str) -> Effect:
+        """What happens at ``point`` now (``check`` then ``effect_of``); ``NONE`` if nothing."""
+        return effect_of(self.check(point), point, self._clock.now())
+
     def active(self) -> tuple[Fault, ...]:
         """Faults still armed (for heartbeats and the dashboard)."""
         now = self._clock.now()
@@ -145,4 +222,4 @@ class FaultInjector:
         return n
 
 
-__all__ = ["DEFAULT_POINTS", "Fault", "FaultInjector", "FaultKind"]
+__all__ = ["DEFAULT_POINTS", "NONE", "Effect", "Fault", "FaultInjector", "FaultKind", "effect_of"]

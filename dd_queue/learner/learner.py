@@ -42,7 +42,7 @@ from dd_queue.core.rounds import FragmentCounters
 from dd_queue.core.schedule import due_fragments, fragment_offsets
 from dd_queue.data import Batch
 from dd_queue.errors import ConfigError, CoreError
-from dd_queue.faults import Fault, FaultInjector
+from dd_queue.faults import FaultInjector
 from dd_queue.learner import join as joining
 from dd_queue.learner.checkpoint import LocalCheckpoint
 from dd_queue.learner.dist import Group, GroupSync, SingleProcess
@@ -274,16 +274,14 @@ class Learner:
             return StepReport(action="killed", step=step, stop=True)
         if max_steps and step >= max_steps:
             return StepReport(action="finished", step=step, stop=True)
-        fault = self.injector.check("before_step")
-        if fault is not None and fault.kind == "kill":
+        effect = self.injector.effect("before_step")
+        if effect.kill:
             self._dead, self.state = True, "killed"
-            log.warning("fault.injected %s: kill at step %d", fault.fault_id, step)
+            log.warning("fault.injected %s: kill at step %d", effect.fault_id, step)
             return StepReport(action="killed", step=step, stop=True)
-        if fault is not None and fault.kind == "stall":
+        if effect.stall_s is not None:
             self._last_end_s, self.state = None, "stalled"
-            return StepReport(
-                action="stalled", step=step, wait_s=fault.remaining_s(self.clock.now())
-            )
+            return StepReport(action="stalled", step=step, wait_s=effect.stall_s)
         started_s = self.clock.now()
         batch = next(self.loader)
         loss, lr = self.inner.train_step(batch)
@@ -297,7 +295,7 @@ class Learner:
         snapshots = self._snapshot() if self.is_rank0 else ()
         applied = tuple(self._apply(agreed.applied))
         self.state = "training"
-        wait_s = self._timing(started_s, fault)
+        wait_s = self._timing(started_s, effect.slow_factor)
         step = self.inner.step_count
         if self.checkpoint is not None and step % self.cfg.learner.checkpoint_every_steps == 0:
             self.checkpoint.save_learner(self.inner, self.loader, self.n_tokens)
@@ -314,17 +312,15 @@ class Learner:
             stop=done,
         )
 
-    def _timing(self, started_s: float, fault: Fault | None) -> float:
-        """Update the step-time EMA (time between step ends); the slow fault's extra wait."""
+    def _timing(self, started_s: float, slow_factor: float) -> float:
+        """Update the step-time EMA (time between step ends); a slow fault's extra wait."""
         now = self.clock.now()
         if self._last_end_s is not None:
             dt = now - self._last_end_s
             ema = self.step_time_ema_s
             self.step_time_ema_s = dt if ema is None else ema + _EMA_WEIGHT * (dt - ema)
         self._last_end_s = now
-        if fault is not None and fault.kind == "slow":
-            return max(0.0, fault.number("factor", 2.0) - 1.0) * (now - started_s)
-        return 0.0
+        return max(0.0, slow_factor - 1.0) * (now - started_s)
 
     def _snapshot(self) -> tuple[tuple[int, int], ...]:
         """Queue θ_p of every fragment asked for at this step boundary (latest wins)."""

@@ -27,7 +27,7 @@ from dd_queue.auth import Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.errors import BusError, NonFiniteValues
-from dd_queue.faults import Fault, FaultInjector
+from dd_queue.faults import Effect, FaultInjector
 from dd_queue.learner import publisher
 from dd_queue.learner.exchange import Inbox, Outbox, RoundBook, Snapshot
 from dd_queue.learner.receiver import Follower
@@ -182,20 +182,20 @@ class Pump:
     # ── receive ──────────────────────────────────────────────────────────────────────────
     def receive(self, *, block_ms: int = 0) -> PumpReport:
         """Commands, round openings (waits ≤ ``block_ms`` for one), new globals, heartbeat."""
-        fault = self.injector.check("on_receive")
-        if fault is not None and fault.kind == "disconnect":
-            self._go_offline(f"fault {fault.fault_id}: disconnect", self._fault_end(fault))
+        effect = self.injector.effect("on_receive")
+        if effect.offline_until_s is not None:
+            self._go_offline(effect.reason, effect.offline_until_s)
         if self._wait_offline(block_ms):
             return PumpReport(online=False)
         try:
-            report = self._receive(block_ms, fault)
+            report = self._receive(block_ms, effect)
         except BusError as exc:
             self._go_offline(f"bus failed: {exc}", self.clock.now() + self.settings.retry_s)
             return PumpReport(online=False)
         self._back_online()
         return report
 
-    def _receive(self, block_ms: int, fault: Fault | None) -> PumpReport:
+    def _receive(self, block_ms: int, effect: Effect) -> PumpReport:
         now = self.clock.now()
         if self._realign_due or now >= self._next_realign:
             self.follower.realign()
@@ -216,13 +216,13 @@ class Pump:
         for r in found:
             if r.round_id >= self._watch.get(r.fragment_id, (-1, 0.0))[0]:
                 self._watch.pop(r.fragment_id, None)
-        if fault is not None and fault.kind == "drop" and found:
+        if effect.drop and found:
             log.warning(
-                "fault.injected %s: dropped %d received globals", fault.fault_id, len(found)
+                "fault.injected %s: dropped %d received globals", effect.fault_id, len(found)
             )
             found = []
-        if fault is not None and fault.kind == "delay":
-            self.clock.sleep(fault.number("delay_s", 1.0))
+        if effect.wait_s:
+            self.clock.sleep(effect.wait_s)
         received = [(r.fragment_id, r.version) for r in found if self.inbox.put(r)]
         return PumpReport(
             received=tuple(received), rounds=tuple(rounds), commands=commands, heartbeat=beat
@@ -279,10 +279,6 @@ class Pump:
         ops.emit_event(self.bus, event.to_fields())
         return 1
 
-    def _fault_end(self, fault: Fault) -> float:
-        now = self.clock.now()
-        return now + fault.remaining_s(now) if fault.until_s is not None else now
-
     def flush(self, timeout_s: float) -> int:
         """Publish waiting snapshots for up to ``timeout_s`` (while online); returns how many
         are left unsent."""
@@ -314,24 +310,24 @@ class Pump:
 
     def _send_one(self, snapshot: Snapshot) -> PumpReport:
         pair = (snapshot.fragment_id, snapshot.round_id)
-        fault = self.injector.check("before_publish")
-        if fault is not None and fault.kind == "disconnect":
-            self._go_offline(f"fault {fault.fault_id}: disconnect", self._fault_end(fault))
+        effect = self.injector.effect("before_publish")
+        if effect.offline_until_s is not None:
+            self._go_offline(effect.reason, effect.offline_until_s)
             self.outbox.restore(snapshot)
             return PumpReport(online=False)
-        if fault is not None and fault.kind == "drop":
-            log.warning("fault.injected %s: dropped contribution %s", fault.fault_id, pair)
+        if effect.drop:
+            log.warning("fault.injected %s: dropped contribution %s", effect.fault_id, pair)
             self.outbox.done(snapshot, published=False)
             return PumpReport(dropped=(pair,))
-        if fault is not None and fault.kind == "delay":
-            self.clock.sleep(fault.number("delay_s", 1.0))
+        if effect.wait_s:
+            self.clock.sleep(effect.wait_s)
         try:
             encoded, residual = self.encoder.encode(snapshot)
         except NonFiniteValues as exc:
             log.error("contribution.non_finite fragment %d round %d: %s; not sent", *pair, exc)
             self.outbox.done(snapshot, published=False)
             return PumpReport(dropped=(pair,))
-        corrupted = fault is not None and fault.kind == "corrupt"
+        corrupted = effect.corrupt
         if corrupted:
             encoded = publisher.corrupt(encoded)
         try:

@@ -20,7 +20,7 @@ from dd_queue.config import DDQConfig, SynchronizerConfig
 from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import DDQError, ProtocolError
-from dd_queue.faults import Fault, FaultInjector
+from dd_queue.faults import Effect, FaultInjector
 from dd_queue.messages import Event, MessageLimits, Scalar
 from dd_queue.synchronizer.buffers import BufferPool
 
@@ -140,18 +140,18 @@ class Context:
                 count=n,
             )
 
-    def fault(self, point: str) -> Fault | None:
-        """Apply the fault armed at ``point``: ``kill`` calls ``kill``, ``stall`` sleeps for its
-        duration. Returns it (a caller acts on ``disconnect`` itself), or None."""
-        fault = self.injector.check(point)
-        if fault is None:
-            return None
-        log.warning("fault.fired %s at %s", fault.kind, point, extra=_ddq(fault=fault.fault_id))
-        if fault.kind == "kill":
+    def fault(self, point: str) -> Effect:
+        """Apply the effect of the fault armed at ``point``: a kill calls ``kill``, a stall
+        sleeps. Returns it (a caller acts on ``offline_until_s`` itself)."""
+        effect = self.injector.effect(point)
+        if not effect:
+            return effect
+        log.warning("fault.fired %s at %s", effect.kind, point, extra=_ddq(fault=effect.fault_id))
+        if effect.kill:
             self.kill(point)
-        elif fault.kind == "stall":
-            self.clock.sleep(fault.remaining_s(self.clock.now()) or fault.number("seconds", 1.0))
-        return fault
+        if effect.stall_s is not None:
+            self.clock.sleep(effect.stall_s)
+        return effect
 
 
 def _ddq(**fields: Any) -> Mapping[str, Mapping[str, Any]]:

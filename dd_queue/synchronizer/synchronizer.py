@@ -238,11 +238,11 @@ class Synchronizer:
 
     def _disconnected(self, now: float) -> bool:
         """Whether a ``disconnect`` fault takes this synchronizer offline now."""
-        fault = self.ctx.fault("before_round")
-        if fault is None or fault.kind != "disconnect":
+        effect = self.ctx.fault("before_round")
+        if effect.offline_until_s is None:
             return False
-        self._offline_until = now + fault.remaining_s(now)
-        log.warning("fault.disconnect for %.3g s", fault.remaining_s(now))
+        self._offline_until = effect.offline_until_s
+        log.warning("fault.disconnect for %.3g s", effect.offline_until_s - now)
         return True
 
     def _each(self, fn: Callable[[FragmentRuntime], None]) -> None:
