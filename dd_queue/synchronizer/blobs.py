@@ -27,7 +27,7 @@ from dd_queue.core.anchor import VersionRing
 from dd_queue.core.codec import TensorHeader, decode, encode_fp32_view
 from dd_queue.core.merge import F32
 from dd_queue.core.outer import NesterovState, state_from_bytes, state_parts
-from dd_queue.errors import BlobMissing, CorruptPayload, ProtocolError, Unauthenticated
+from dd_queue.errors import BlobMissing, CoreError, CorruptPayload, ProtocolError
 from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.messages import MessageLimits
 from dd_queue.synchronizer.buffers import framed
@@ -125,57 +125,89 @@ def load_ring(
 ) -> tuple[VersionRing, F32]:
     """The version ring (last ``capacity`` versions of the state's ring) and Θ_p(v), a copy.
 
-    An older kept version whose blob is gone or does not verify is left out of the ring, with
-    a logged reason (a contribution based on it is then dropped as its base left the ring); it
-    never stops the synchronizer. Only the current version must load, with one exception: a
-    Θ_p(v) that is not signed by the synchronizer (it was replaced in Redis) is never loaded;
-    the newest older version that verifies is restored in its place (logged as an error, and
-    the next merge publishes from it), so a forged blob neither becomes the global model nor
-    stops the run.
+    A kept version whose blob cannot be read (gone, corrupt, or for Θ_p(v) not signed by the
+    synchronizer: it was replaced in Redis) never stops the synchronizer:
+
+    - an older one is left out of the ring, with a logged reason (a contribution based on it is
+      then dropped as its base left the ring);
+    - the current one is replaced by the newest older version that loads (logged as an error,
+      ``fragment.restored``; the next merge publishes from it), so a damaged or forged blob
+      neither becomes the global model nor stops the run.
 
     Raises:
-        BlobMissing, ProtocolError: Θ_p(v) itself cannot be read (nor, for a forged one, any
-            older version).
+        BlobMissing: No kept version loads and Θ_p(v)'s blob is gone.
+        CorruptPayload: No kept version loads and Θ_p(v)'s blob does not verify. Either message
+            names the fragment and each version's reason.
     """
     ring = VersionRing(capacity=capacity, size=size)
+    reasons: dict[int, Exception] = {}
     for ref in state.ring[-capacity:]:
         try:
             theta = load_theta(bus, ref, limits=limits, size=size, auth=auth)
         except (BlobMissing, ProtocolError) as exc:
-            if ref.version == state.version:
-                older = ring.latest_version
-                if not isinstance(exc, Unauthenticated) or older is None:
-                    raise
+            reasons[ref.version] = exc
+            older = ring.latest_version
+            if ref.version == state.version and older is not None:
                 log.error(
-                    "fragment.restored fragment %d: Θ of version %d fails its signature (%s): "
-                    "it was replaced in Redis; continuing from version %d's Θ",
+                    "fragment.restored fragment %d: Θ of version %d cannot be read (%s: %s); "
+                    "continuing from version %d's Θ",
                     state.fragment_id,
                     ref.version,
+                    type(exc).__name__,
                     exc,
                     older,
                 )
                 restored = ring.get(older)
                 assert restored is not None  # latest_version is in the ring
                 ring.push(ref.version, restored)  # copied in
-                continue
-            log.warning(
-                "fragment.ring_dropped fragment %d version %d: its blob cannot be read (%s); "
-                "contributions based on it are dropped",
-                state.fragment_id,
-                ref.version,
-                exc,
-            )
+            elif ref.version != state.version:
+                log.warning(
+                    "fragment.ring_dropped fragment %d version %d: its blob cannot be read "
+                    "(%s); contributions based on it are dropped",
+                    state.fragment_id,
+                    ref.version,
+                    exc,
+                )
             continue
         ring.push(ref.version, theta)
     current = ring.get(state.version)
-    if current is None:  # unreachable: the ring always ends with the current version
-        raise CorruptPayload(f"fragment {state.fragment_id}: version {state.version} not loaded")
+    if current is None:
+        raise _unloadable(state, reasons)
     return ring, np.array(current, dtype=np.float32, copy=True)
 
 
+def _unloadable(state: FragmentState, reasons: dict[int, Exception]) -> BlobMissing | ProtocolError:
+    """The error for a fragment none of whose kept versions loads: ``BlobMissing`` when Θ_p(v)'s
+    blob is gone, else ``CorruptPayload``; the message lists every version's reason."""
+    why = "; ".join(f"v{v}: {type(e).__name__}: {e}" for v, e in reasons.items())
+    text = (
+        f"fragment {state.fragment_id}: no kept version of Θ loads "
+        f"(current v{state.version}; {why or 'the ring holds no version'})"
+    )
+    if isinstance(reasons.get(state.version), BlobMissing):
+        return BlobMissing(text)
+    return CorruptPayload(text)
+
+
 def load_momentum(bus: Bus, state: FragmentState, *, size: int) -> NesterovState:
-    """The outer Nesterov state after the state's version."""
-    return state_from_bytes(bus.get_blob(state.momentum_ref), size=size)
+    """The outer Nesterov state after the state's version.
+
+    A momentum blob that is gone or does not decode is never a crash: the fragment continues
+    with zero momentum (logged as an error, ``momentum.reset``); the next outer step
+    initialises it from its gradient, as on the first step.
+    """
+    try:
+        return state_from_bytes(bus.get_blob(state.momentum_ref), size=size)
+    except (BlobMissing, ProtocolError, CoreError) as exc:
+        log.error(
+            "momentum.reset fragment %d: the momentum blob of version %d cannot be read "
+            "(%s: %s); continuing with zero momentum",
+            state.fragment_id,
+            state.version,
+            type(exc).__name__,
+            exc,
+        )
+        return NesterovState.zeros(size)
 
 
 def delete_keys_of(refs: Sequence[BlobRef]) -> tuple[str, ...]:
