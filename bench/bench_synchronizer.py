@@ -164,7 +164,7 @@ def machine_ticks() -> tuple[int, int, int]:
 
 
 def fetch_children() -> list[int]:
-    """Process ids of this process's fetch processes (``python -m dd_queue.synchronizer.fetchers``)."""
+    """Process ids of this process's fetch processes (``dd_queue.synchronizer.fetchers``)."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
