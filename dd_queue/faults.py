@@ -101,6 +101,7 @@ class Effect:
         corrupt: Send it with flipped payload bytes.
         wait_s: Wait this long before going on (a delay).
         slow_factor: The step takes this many times as long (1.0: as long as it takes).
+        reason: The effect in words, for logs and reports (``fault <id>: <kind>``).
     """
 
     fault_id: str = ""
@@ -113,14 +114,10 @@ class Effect:
     corrupt: bool = False
     wait_s: float = 0.0
     slow_factor: float = 1.0
+    reason: str = "no fault"
 
     def __bool__(self) -> bool:
         return self.kind is not None
-
-    @property
-    def reason(self) -> str:
-        """The effect in words, for logs and reports."""
-        return f"fault {self.fault_id}: {self.kind}" if self else "no fault"
 
 
 NONE = Effect()
@@ -137,7 +134,8 @@ def effect_of(fault: Fault | None, point: str, now: float) -> Effect:
     """
     if fault is None:
         return NONE
-    base = Effect(fault_id=fault.fault_id, kind=fault.kind, point=point)
+    reason = f"fault {fault.fault_id}: {fault.kind}"
+    base = Effect(fault_id=fault.fault_id, kind=fault.kind, point=point, reason=reason)
     remaining = fault.remaining_s(now)
     match fault.kind:
         case "kill":

@@ -118,3 +118,20 @@ def test_effects_with_a_duration_and_parameters():
 
 def test_effect_of_nothing_is_none():
     assert effect_of(None, "before_step", 0.0) is NONE
+
+
+def test_effect_of_is_pure_and_its_reason_is_data():
+    inj, _ = _armed("disconnect", duration_s=4.0)
+    (fault,) = inj.active()
+    first = effect_of(fault, "on_receive", 101.0)
+    assert first == effect_of(fault, "on_receive", 101.0)  # same answer, nothing consumed
+    assert inj.active() == (fault,) and not inj.fired
+    assert first.offline_until_s == 104.0 and first.reason == "fault f: disconnect"
+    assert first == Effect(
+        fault_id="f",
+        kind="disconnect",
+        point="on_receive",
+        offline_until_s=104.0,
+        reason="fault f: disconnect",
+    )
+    assert effect_of(fault, "on_receive", 105.0).offline_until_s == 105.0  # ended: at once
