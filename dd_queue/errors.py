@@ -11,11 +11,16 @@ Catch ``DDQError`` to catch them all. Each message says what went wrong *and wha
     │   ├── NonFiniteValues      NaN or Inf where only finite numbers may appear
     │   └── Unauthenticated      no valid signature of the party that must have written it
     ├── BusError                 the Redis bus (or its in-memory twin) failed
+    │   ├── InvalidArgument      a bus call got an argument Redis would refuse (also a ValueError)
+    │   ├── NoGroup              internal: the server answered NOGROUP (the bus recreates the group)
     │   ├── BusUnavailable       the server could not be reached within the bounded retry time
     │   ├── LeaseLost            the caller no longer holds the lease it acted under (fenced)
     │   ├── BlobMissing          a referenced payload key has expired or was never written
     │   └── NotReady             a service's start wait ran out (Redis, the run, a synchronizer)
-    └── CoreError                invalid input to the pure algorithm core (shapes, weights, ...)
+    ├── CoreError                invalid input to the pure algorithm core (shapes, weights, ...)
+    └── Refused                  an operator request the control plane cannot carry out (HTTP 409)
+        ├── NotFound             it names a learner or schedule nobody knows (HTTP 404)
+        └── Conflict             it does not fit the run's state (HTTP 409)
 
 Quorum shortfall, slow learners and abandoned rounds are *not* errors: they are ``Decision``s.
 
@@ -82,6 +87,20 @@ class BusError(DDQError):
     """The bus failed in a way the caller must handle."""
 
 
+class InvalidArgument(BusError, ValueError):
+    """A bus call or commit op got an argument Redis would refuse: empty fields, a malformed
+    stream id, an expiry or ``maxlen`` that is not positive, an empty key.
+
+    Raised before anything is sent, so nothing was applied: fix the caller. It is a ``BusError``
+    (the bus refused) and a ``ValueError`` (a bad argument).
+    """
+
+
+class NoGroup(BusError):
+    """Internal to ``RedisBus``: the server answered NOGROUP (restart without persistence, stream
+    deleted); the bus recreates the group and retries, or reads the group as empty."""
+
+
 class BusUnavailable(BusError):
     """Redis could not be reached within the bounded retry time; check the server and the URL."""
 
@@ -102,6 +121,22 @@ class CoreError(DDQError):
     """Invalid input to a pure core function (mismatched shapes, negative weights, ...)."""
 
 
+class Refused(DDQError):
+    """An operator request that cannot be carried out now; ``status_code`` is its HTTP status."""
+
+    status_code = 409
+
+
+class NotFound(Refused):
+    """The request names a learner or schedule that the control plane does not know."""
+
+    status_code = 404
+
+
+class Conflict(Refused):
+    """The request does not fit the run's state (target not live, chaos already running)."""
+
+
 EXIT_MISCONFIGURED = 2
 """Exit code of a misconfiguration: fix it, a restart would fail the same way."""
 EXIT_UNAVAILABLE = 3
@@ -120,15 +155,20 @@ __all__ = [
     "BusError",
     "BusUnavailable",
     "ConfigError",
+    "Conflict",
     "CoreError",
     "CorruptPayload",
     "DDQError",
     "IncompatibleMessage",
+    "InvalidArgument",
     "LeaseLost",
+    "NoGroup",
     "NonFiniteValues",
+    "NotFound",
     "NotReady",
     "PayloadTooLarge",
     "ProtocolError",
+    "Refused",
     "Unauthenticated",
     "exit_code",
 ]

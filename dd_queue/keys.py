@@ -34,8 +34,6 @@ key                                    type    written by         content
 ``F lease:fence``                      string  lease acquire      last fencing token handed out
 ``F lease:commit:<commit id>``         string  fenced commit      result of a commit, for replay
                                                                   of a retried one (``PX``)
-``F dlq:moved:<src>:<entry id>``       string  dead_letter        id of the dead-letter copy, so a
-                                                                  retried move is a no-op (``PX``)
 ``ddq:R:{R.hb}:seen``                  zset    every process      member → last beat (server ms)
 ``ddq:R:{R.hb}:expiry``                zset    every process      member → expiry (server ms)
 ``ddq:R:{R.hb}:data``                  hash    every process      member → heartbeat payload
@@ -58,7 +56,6 @@ counter, as long as the server's clock does not step back.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from dd_queue.errors import ConfigError
@@ -132,16 +129,6 @@ def check_commit_id(commit_id: str) -> str:
 def commit_marker_key(lease_key: str, commit_id: str) -> str:
     """Key that remembers the result of commit ``commit_id`` under a lease (same hash tag)."""
     return f"{lease_key}:commit:{check_commit_id(commit_id)}"
-
-
-def dead_letter_marker_key(dlq_key: str, stream: str, entry_id: str) -> str:
-    """Key that remembers that entry ``entry_id`` of ``stream`` was moved to ``dlq_key``.
-
-    It extends the dead-letter stream's key (same hash tag); the source stream is named by a
-    short digest, so entries of two streams with the same id never share a marker.
-    """
-    digest = hashlib.blake2s(stream.encode(), digest_size=6).hexdigest()
-    return f"{dlq_key}:moved:{digest}:{entry_id}"
 
 
 def hash_tag(key: str) -> str | None:
@@ -283,7 +270,6 @@ __all__ = [
     "check_commit_id",
     "check_name",
     "commit_marker_key",
-    "dead_letter_marker_key",
     "fence_key",
     "hash_tag",
     "names_fencing_token",

@@ -84,8 +84,8 @@ GROUPS = {
             "dd_queue/synchronizer/commit.py",
             "dd_queue/synchronizer/recovery.py",
             "dd_queue/bus/commit_ops.py",
-            "dd_queue/bus/_memory_kv.py",
-            "dd_queue/bus/_redis_kv.py",
+            "dd_queue/bus/memory.py",
+            "dd_queue/bus/redis_streams.py",
         ),
         (
             "tests/unit/test_synchronizer.py",

@@ -64,7 +64,7 @@ BUGS = (
     Bug(
         2,
         "lease renewal that does not extend the lease (MemoryBus)",
-        "dd_queue/bus/_memory_kv.py",
+        "dd_queue/bus/memory.py",
         "            self._put(lease.name, lease.value.encode(), ttl_s)\n            return Lease(",
         "            return Lease(",
         ("tests/integration/test_bus_contract.py::test_renewing_keeps_the_lease_past_its_first_ttl",),

@@ -1,10 +1,20 @@
 """The bus: every process talks to every other only through it (Redis, or its in-memory twin).
 
-``Bus`` is the protocol; ``RedisBus`` and ``MemoryBus`` implement it with the same semantics;
-``ops`` holds the domain helpers written once on top of it.
+``Bus`` is the protocol; ``RedisBus`` and ``MemoryBus`` implement it with the same semantics,
+each as one class in one module (``redis_streams``, ``memory``); ``ops`` holds the domain helpers
+written once on top of it. ``InvalidArgument`` lives in ``dd_queue.errors`` and is re-exported.
 """
 
 from dd_queue.bus.base import Bus
+from dd_queue.bus.commit_ops import (
+    AckOp,
+    AppendOp,
+    CommitOp,
+    CommitResult,
+    DeadLetterOp,
+    DeleteOp,
+    SetOp,
+)
 from dd_queue.bus.memory import MemoryBus
 from dd_queue.bus.redis_streams import RedisBus, RedisOptions
 from dd_queue.bus.types import (
@@ -12,23 +22,16 @@ from dd_queue.bus.types import (
     DEFAULT_CHUNK_BYTES,
     MAX_BLOB_BYTES,
     MAX_BLOB_CHUNKS,
-    AckOp,
-    AppendOp,
     BlobData,
     BlobRef,
-    CommitOp,
-    CommitResult,
-    DeadLetterOp,
-    DeleteOp,
     Entry,
     HeartbeatInfo,
-    InvalidArgument,
     Lease,
     PendingEntry,
     PendingSummary,
     Reclaimed,
-    SetOp,
 )
+from dd_queue.errors import InvalidArgument
 
 __all__ = [
     "COMMIT_MARKER_TTL_S",

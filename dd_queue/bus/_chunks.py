@@ -1,12 +1,15 @@
-"""Splitting payloads into ≤ chunk-size pieces without copying, and putting them back together."""
+"""Blob chunking: splitting payloads into ≤ chunk-size pieces without copying, putting them back
+together, and the checks on a blob's size and chunk layout (``check_blob_size`` before a write,
+``check_blob_ref`` before a read or delete by a reference).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dd_queue.bus._values import InvalidArgument
-from dd_queue.bus.types import BlobData, BlobRef, Buffer
-from dd_queue.errors import BlobMissing, CorruptPayload
+from dd_queue.bus.types import MAX_BLOB_BYTES, MAX_BLOB_CHUNKS, BlobData, BlobRef, Buffer
+from dd_queue.errors import BlobMissing, CorruptPayload, InvalidArgument
+from dd_queue.keys import Keys
 
 
 def _as_byte_view(buffer: Buffer) -> memoryview:
@@ -103,3 +106,46 @@ def join_chunks(ref: BlobRef, chunks: Sequence[bytes | None]) -> bytes:
             "the key was overwritten by another writer"
         )
     return present[0] if len(present) == 1 else b"".join(present)
+
+
+def chunk_count(nbytes: int, chunk_bytes: int) -> int:
+    """Chunks a blob of ``nbytes`` occupies: ``max(1, ceil(nbytes / chunk_bytes))``."""
+    return max(1, -(-nbytes // chunk_bytes))
+
+
+def check_blob_ref(ref: BlobRef, keys: Keys, chunk_bytes: int) -> BlobRef:
+    """Refuse a reference (e.g. taken from a stream entry) before reading or deleting by it.
+
+    Raises:
+        CorruptPayload: The key is not a blob key of this run (``Keys.is_blob_key``), the size
+            is over :data:`MAX_BLOB_BYTES`, or the chunk count does not follow from the size
+            and ``chunk_bytes`` (every process of a run must use the same ``blob_chunk_bytes``).
+    """
+    if not isinstance(ref.key, str) or not keys.is_blob_key(ref.key):
+        raise CorruptPayload(
+            f"blob reference names {str(ref.key)[:120]!r}, not a blob key of run "
+            f"{keys.run_id!r}; refusing to read or delete it"
+        )
+    if not 0 <= ref.nbytes <= MAX_BLOB_BYTES:
+        raise CorruptPayload(f"blob {ref.key!r}: size {ref.nbytes} is over {MAX_BLOB_BYTES}")
+    expected = chunk_count(ref.nbytes, chunk_bytes)
+    if ref.n_chunks != expected or expected > MAX_BLOB_CHUNKS:
+        raise CorruptPayload(
+            f"blob {ref.key!r}: {ref.n_chunks} chunks for {ref.nbytes} bytes, expected "
+            f"{expected} of {chunk_bytes} bytes (at most {MAX_BLOB_CHUNKS}); a forged reference, "
+            "or a writer with another blob_chunk_bytes"
+        )
+    return ref
+
+
+def check_blob_size(key: str, nbytes: int, n_chunks: int) -> None:
+    """Refuse to write a blob that readers would refuse (:func:`check_blob_ref` limits).
+
+    Raises:
+        InvalidArgument: More than :data:`MAX_BLOB_BYTES` or :data:`MAX_BLOB_CHUNKS`.
+    """
+    if nbytes > MAX_BLOB_BYTES or n_chunks > MAX_BLOB_CHUNKS:
+        raise InvalidArgument(
+            f"blob {key!r} of {nbytes} bytes in {n_chunks} chunks is over the limit of "
+            f"{MAX_BLOB_BYTES} bytes / {MAX_BLOB_CHUNKS} chunks; raise blob_chunk_bytes"
+        )

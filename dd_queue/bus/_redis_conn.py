@@ -10,8 +10,8 @@ call goes through :meth:`Connections.call`, which retries connection errors and 
 ``Retry(ExponentialWithJitterBackoff)`` until ``unavailable_after_s`` has passed since the first
 failure, then raises ``BusUnavailable``. A retried XADD may be applied twice (the first reply was
 lost), and a retried ``XREADGROUP >`` may leave an entry pending unseen: consumers dedupe, and the
-reclaim loop picks such entries up. The fenced commit and the dead-letter move are retried
-safely: their scripts leave a marker and replay the first result (see ``_scripts``).
+reclaim loop picks such entries up. The fenced commit is retried safely: its script leaves a
+marker and replays the first result (see ``_scripts``).
 
 Not retried: a full connection pool ("Too many connections": the server is fine, this process
 uses more connections than ``max_connections``), and anything after :meth:`Connections.close`.
@@ -34,9 +34,15 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import PythonRespSerializer
 from redis.retry import Retry
 
-from dd_queue.bus._values import InvalidArgument
 from dd_queue.bus.types import DEFAULT_CHUNK_BYTES
-from dd_queue.errors import BusError, BusUnavailable, ConfigError, LeaseLost
+from dd_queue.errors import (
+    BusError,
+    BusUnavailable,
+    ConfigError,
+    InvalidArgument,
+    LeaseLost,
+    NoGroup,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("dd_queue.bus")
@@ -183,10 +189,6 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-class NoGroup(BusError):
-    """Internal: the server answered NOGROUP (restart without persistence, stream deleted)."""
 
 
 def bus_error(exc: redis.ResponseError, what: str) -> BusError:

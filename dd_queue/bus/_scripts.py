@@ -1,4 +1,4 @@
-"""Lua scripts of ``RedisBus``: fenced leases, the fenced commit, dead-lettering, heartbeats.
+"""Lua scripts of ``RedisBus``: fenced leases, the fenced commit and heartbeats.
 
 Each script is registered once per client (``register_script``: EVALSHA with a NOSCRIPT
 fallback, so a restarted server that lost its script cache is handled). Every script touches
@@ -9,9 +9,9 @@ applied. So each writing script first checks everything that could fail (lease v
 types) and only then writes; arguments were checked by the caller (``commit_ops``) before the
 script was sent. Errors the caller maps to exceptions start with ``DDQ_``.
 
-A bus call whose reply is lost is retried (``_redis_conn``). The commit and the dead-letter move
-therefore leave a marker key (same hash tag, with a TTL) holding their result: a retry finds it
-and returns that result instead of applying everything twice.
+A bus call whose reply is lost is retried (``_redis_conn``). The commit therefore leaves a marker
+key (same hash tag, with a TTL) holding its result: a retry finds it and returns that result
+instead of applying everything twice.
 """
 
 from __future__ import annotations
@@ -146,35 +146,6 @@ end
 redis.call('SET', KEYS[2], acked .. '\\n' .. table.concat(ids, ' ') .. '\\n' .. ARGV[1],
   'PX', ARGV[2])
 return {ids, acked, 0}
-"""
-)
-
-# KEYS[1] source stream, KEYS[2] dead-letter stream, KEYS[3] move marker; ARGV[1] group,
-# ARGV[2] entry id, ARGV[3] maxlen|'', ARGV[4] marker ttl ms, ARGV[5..] field/value pairs.
-# Returns the dead-letter entry's id. A marker means the move already ran (a retry whose first
-# reply was lost): its id is returned and the entry acked again (a no-op), nothing appended.
-DEAD_LETTER = (
-    _PRELUDE
-    + """
-for _, key in ipairs({KEYS[1], KEYS[2]}) do
-  local err = check_stream(key)
-  if err then return err end
-end
-local done = redis.call('GET', KEYS[3])
-if done then
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-  return done
-end
-local args = {KEYS[2]}
-if ARGV[3] ~= '' then
-  args[2], args[3], args[4] = 'MAXLEN', '~', ARGV[3]
-end
-args[#args + 1] = '*'
-for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
-local id = redis.call('XADD', unpack(args))
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
-return id
 """
 )
 

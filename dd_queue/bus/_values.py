@@ -1,8 +1,10 @@
-"""The lowest layer of ``dd_queue.bus``: argument checks, stream ids, expiries and ``Entry``.
+"""The bus's argument checks, in one place: keys, stream fields, ``maxlen``, expiries, stream ids
+(a blob's size and chunk layout are checked where blobs are chunked, in ``_chunks``).
 
-``types`` and ``commit_ops`` build on it. Every check raises :class:`InvalidArgument` *before*
-anything is sent, so a bad argument never leaves half a commit applied, and both buses refuse the
-same arguments with the same error.
+The lowest layer of ``dd_queue.bus`` (it imports no other bus module): ``types``, ``_chunks``,
+``commit_ops`` and both buses use it. Every check raises
+:class:`~dd_queue.errors.InvalidArgument` *before* anything is sent, so a bad argument never
+leaves half a commit applied, and both buses refuse the same arguments with the same error.
 """
 
 from __future__ import annotations
@@ -10,21 +12,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from dd_queue.errors import BusError
+from dd_queue.errors import InvalidArgument
 
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _U64 = 1 << 64
-
-
-class InvalidArgument(BusError, ValueError):
-    """A bus call or commit op got an argument Redis would refuse: empty fields, a malformed
-    stream id, an expiry or ``maxlen`` that is not positive, an empty key.
-
-    Raised before anything is sent, so nothing was applied: fix the caller. It is a ``BusError``
-    (the bus refused) and a ``ValueError`` (a bad argument).
-    """
 
 
 def ttl_ms(ttl_s: float) -> int:
@@ -110,48 +102,11 @@ def format_stream_id(parsed: tuple[int, int]) -> str:
     return f"{parsed[0]}-{parsed[1]}"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One stream entry as a reader sees it.
-
-    Attributes:
-        stream: Key of the stream it came from.
-        id: Stream id, ``"<ms>-<seq>"``.
-        fields: Field name → raw bytes. Empty when the entry was trimmed away while it was still
-            pending (a re-read of the pending list shows such entries; ack them).
-        delivery_count: How often the group delivered it (1 on first delivery); 0 for reads
-            outside a group.
-    """
-
-    stream: str
-    id: str
-    fields: Mapping[str, bytes]
-    delivery_count: int = 0
-
-    @property
-    def deleted(self) -> bool:
-        """True for a pending entry whose data was trimmed (a real entry has ≥ 1 field)."""
-        return not self.fields
-
-
-def dead_letter_fields(entry: Entry, group: str, reason: str) -> dict[str, bytes]:
-    """Fields a dead-letter entry carries besides the original ones (``ddq.dlq.*``)."""
-    return {
-        "ddq.dlq.reason": reason.encode(),
-        "ddq.dlq.stream": entry.stream.encode(),
-        "ddq.dlq.id": entry.id.encode(),
-        "ddq.dlq.group": group.encode(),
-    }
-
-
 __all__ = [
-    "Entry",
-    "InvalidArgument",
     "check_fields",
     "check_key",
     "check_maxlen",
     "check_stream_id",
-    "dead_letter_fields",
     "format_stream_id",
     "parse_stream_id",
     "ttl_ms",

@@ -13,11 +13,15 @@ that dies leaves it there for :meth:`Bus.reclaim`. Ack only after the work the e
 committed (the synchronizer acks inside its fenced commit), so a crash means a redelivery,
 never a loss. On Redis, a retried append can be duplicated and a retried group read can leave
 an entry pending unseen (the reply was lost): dedupe on content, and reclaim idle entries.
-A retried :meth:`Bus.commit` or :meth:`Bus.dead_letter` is not applied twice: both leave a
-marker and replay their first result.
+A retried :meth:`Bus.commit` is not applied twice: it leaves a marker and replays its first
+result. Bad entries are dead-lettered inside a commit (``DeadLetterOp``), fenced like any write.
 
 Arguments are checked before anything is sent; a bad one raises
-:class:`~dd_queue.bus.types.InvalidArgument` (a ``BusError`` and a ``ValueError``) on every bus.
+:class:`~dd_queue.errors.InvalidArgument` (a ``BusError`` and a ``ValueError``) on every bus.
+
+The methods come in sections (streams, consumer groups, plain values, blobs, leases and fenced
+commits, heartbeats), in the same order in both implementations. ``remote`` and ``address``
+say what a caller may otherwise have asked with ``isinstance(bus, RedisBus)``.
 
 Time units: ``*_ms`` integer milliseconds, ``*_s`` float seconds. ``block_ms`` is wall time:
 ``None`` or ``0`` means "do not block"; a bus call never blocks forever.
@@ -31,11 +35,10 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from dd_queue.bus._redis_conn import BusAddress
+from dd_queue.bus.commit_ops import CommitOp, CommitResult
 from dd_queue.bus.types import (
     BlobData,
     BlobRef,
-    CommitOp,
-    CommitResult,
     Entry,
     HeartbeatInfo,
     Lease,
@@ -88,14 +91,27 @@ class Bus(Protocol):
         """
         ...
 
-    def trim(self, stream: str, *, maxlen: int, approximate: bool = True) -> int:
-        """Trim a stream to ``maxlen`` entries; returns how many were removed."""
-        ...
-
     def stream_length(self, stream: str) -> int:
         """Number of entries in a stream (0 if it does not exist)."""
         ...
 
+    def read(
+        self,
+        stream: str,
+        *,
+        after_id: str = "0-0",
+        count: int = 100,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        """Broadcast read (``XREAD``): entries with id > ``after_id`` (``"$"``: only entries
+        appended after the call). Nothing becomes pending."""
+        ...
+
+    def read_latest(self, stream: str) -> Entry | None:
+        """The newest entry of a stream, or None when it is empty."""
+        ...
+
+    # ── consumer groups ───────────────────────────────────────────────────────────────────
     def ensure_group(self, stream: str, group: str) -> None:
         """Create ``group`` at id 0, creating the stream too; a no-op if it exists.
 
@@ -136,22 +152,6 @@ class Bus(Protocol):
         empty ``fields`` (``Entry.deleted``); ack them."""
         ...
 
-    def read(
-        self,
-        stream: str,
-        *,
-        after_id: str = "0-0",
-        count: int = 100,
-        block_ms: int | None = None,
-    ) -> list[Entry]:
-        """Broadcast read (``XREAD``): entries with id > ``after_id`` (``"$"``: only entries
-        appended after the call). Nothing becomes pending."""
-        ...
-
-    def read_latest(self, stream: str) -> Entry | None:
-        """The newest entry of a stream, or None when it is empty."""
-        ...
-
     def ack(
         self, stream: str, group: str, ids: Sequence[str], *, delete_keys: Sequence[str] = ()
     ) -> int:
@@ -186,37 +186,6 @@ class Bus(Protocol):
     ) -> list[PendingEntry]:
         """Pending entries in id order with owner, idle time and delivery count. Read-only: a
         missing group or stream reads as empty and is not created."""
-        ...
-
-    def delete_consumer(self, stream: str, group: str, consumer: str) -> int:
-        """Forget a consumer (``XGROUP DELCONSUMER``); returns how many entries it held (0 when
-        the group does not exist; nothing is created). Reclaim its entries first: what it held
-        is no longer pending afterwards."""
-        ...
-
-    def dead_letter(
-        self,
-        entry: Entry,
-        *,
-        group: str,
-        dlq: str,
-        reason: str,
-        maxlen: int | None = None,
-    ) -> str:
-        """Copy ``entry`` to stream ``dlq`` with ``reason`` and ack it, in one atomic step.
-
-        The dead-letter entry holds the original fields plus ``ddq.dlq.reason``,
-        ``ddq.dlq.stream``, ``ddq.dlq.id`` and ``ddq.dlq.group``. ``dlq`` must share the
-        entry stream's hash tag (use ``keys.dlq(fragment)``). Returns the new entry's id.
-
-        Idempotent per (``dlq``, entry stream, entry id) for
-        :data:`~dd_queue.bus.types.COMMIT_MARKER_TTL_S`: a repeated (retried) call appends
-        nothing and returns the first call's id.
-
-        Unfenced: anyone may call it, also a synchronizer whose lease was taken over. For
-        single-owner use (a process that owns the stream alone); a lease holder settles entries
-        with :class:`~dd_queue.bus.types.DeadLetterOp` inside :meth:`commit` instead.
-        """
         ...
 
     # ── plain values ──────────────────────────────────────────────────────────────────────
@@ -288,7 +257,7 @@ class Bus(Protocol):
     def get_blob(self, ref: BlobRef) -> bytes:
         """Reassemble a blob.
 
-        The reference is checked first (``types.check_blob_ref``): its key must be a blob key
+        The reference is checked first (``_chunks.check_blob_ref``): its key must be a blob key
         of this run and its chunk count must follow from its size and ``blob_chunk_bytes``.
 
         Raises:
@@ -301,7 +270,7 @@ class Bus(Protocol):
         """Delete every chunk of the blobs; returns how many chunk keys existed.
 
         Raises:
-            CorruptPayload: A reference fails ``types.check_blob_ref`` (nothing is deleted).
+            CorruptPayload: A reference fails ``_chunks.check_blob_ref`` (nothing is deleted).
         """
         ...
 
@@ -381,6 +350,7 @@ class Bus(Protocol):
         """Remove a member (clean shutdown); returns whether it was present."""
         ...
 
+    # ── closing ───────────────────────────────────────────────────────────────────────────
     def close(self) -> None:
         """Release connections; the bus must not be used afterwards.
 

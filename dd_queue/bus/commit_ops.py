@@ -3,7 +3,7 @@
 Each op checks its arguments when it is built (``__post_init__``), so a commit that would fail on
 an argument is refused before anything is sent, identically on every bus: Redis scripts do not
 roll back, and a command failing in the middle of one would leave the earlier writes applied.
-Import them from :mod:`dd_queue.bus` (or :mod:`dd_queue.bus.types`).
+Import them from :mod:`dd_queue.bus`.
 """
 
 from __future__ import annotations
@@ -11,22 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dd_queue.bus._values import (
-    Entry,
-    InvalidArgument,
-    check_fields,
-    check_key,
-    check_maxlen,
-    check_stream_id,
-    dead_letter_fields,
-    ttl_ms,
-)
+from dd_queue.bus._values import check_fields, check_key, check_maxlen, check_stream_id, ttl_ms
+from dd_queue.bus.types import Entry
+from dd_queue.errors import InvalidArgument
 from dd_queue.keys import hash_tag
-
-COMMIT_MARKER_TTL_S = 600.0
-"""How long a commit (or dead-letter move) remembers that it ran, so that a retry of it, after
-its reply was lost, replays the first result instead of running again (seconds; far longer than
-any retry window of ``RedisOptions.unavailable_after_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +103,11 @@ class DeleteOp:
 class DeadLetterOp:
     """Move a pending entry to a dead-letter stream and ack it, inside a fenced commit.
 
-    The fenced way to settle a bad entry: a stale lease holder's commit is refused, so it can
-    neither ack nor dead-letter entries after a takeover (``Bus.dead_letter`` is unfenced, for
-    single-owner use). The dead-letter entry carries the original fields plus ``ddq.dlq.reason``,
-    ``ddq.dlq.stream``, ``ddq.dlq.id`` and ``ddq.dlq.group``; its id is reported in
-    ``CommitResult.entry_ids`` and the ack in ``CommitResult.acked``.
+    The one way to settle a bad entry: a stale lease holder's commit is refused, so it can
+    neither ack nor dead-letter entries after a takeover. The dead-letter entry carries the
+    original fields plus ``ddq.dlq.reason``, ``ddq.dlq.stream``, ``ddq.dlq.id`` and
+    ``ddq.dlq.group``; its id is reported in ``CommitResult.entry_ids`` and the ack in
+    ``CommitResult.acked``.
 
     Attributes:
         entry: The entry, as read through ``group``.
@@ -152,7 +140,13 @@ class DeadLetterOp:
 
     def expand(self) -> tuple[AppendOp, AckOp]:
         """The same move as an append to the dead-letter stream followed by the ack."""
-        fields = {**self.entry.fields, **dead_letter_fields(self.entry, self.group, self.reason)}
+        fields = {
+            **self.entry.fields,
+            "ddq.dlq.reason": self.reason.encode(),
+            "ddq.dlq.stream": self.entry.stream.encode(),
+            "ddq.dlq.id": self.entry.id.encode(),
+            "ddq.dlq.group": self.group.encode(),
+        }
         return (
             AppendOp(self.dlq, fields, self.maxlen),
             AckOp(self.entry.stream, self.group, (self.entry.id,)),
@@ -208,8 +202,8 @@ def check_same_slot(anchor: str, keys: Sequence[str]) -> None:
     for key in keys:
         if hash_tag(key) != tag:
             raise InvalidArgument(
-                f"{key!r} is outside hash tag {{{tag}}} of {anchor!r}; a fenced commit or "
-                "dead-letter move may only touch keys of one fragment (use dd_queue.keys)"
+                f"{key!r} is outside hash tag {{{tag}}} of {anchor!r}; a fenced commit may "
+                "only touch keys of one fragment (use dd_queue.keys)"
             )
 
 
@@ -246,22 +240,7 @@ def decode_commit_marker(raw: bytes) -> tuple[CommitResult, str] | None:
     return CommitResult(tuple(ids.split()), int(acked), replayed=True), lease_value
 
 
-def check_dead_letter(
-    entry_stream: str, entry_id: str, *, group: str, dlq: str, maxlen: int | None
-) -> None:
-    """Validate a dead-letter move's arguments before anything is sent (both buses).
-
-    Raises:
-        InvalidArgument: Another hash tag, a malformed entry id, group or maxlen.
-    """
-    check_same_slot(entry_stream, [dlq])
-    check_stream_id("dead_letter entry id", entry_id)
-    check_key("dead_letter group", group)
-    check_maxlen("dead_letter maxlen", maxlen)
-
-
 __all__ = [
-    "COMMIT_MARKER_TTL_S",
     "AckOp",
     "AppendOp",
     "CommitOp",

@@ -6,16 +6,16 @@ envelope (``dd_queue.messages``) carries identity, counters and the tensor heade
 
 Two levels:
 
-- raw: ``publish_contribution``, ``stage_global``, ``blob_ref``, ``fetch_blob`` move bytes and
-  fields and interpret nothing;
+- raw: ``publish_contribution``, ``blob_ref``, ``fetch_blob`` move bytes and fields and
+  interpret nothing;
 - typed, one call per side: ``send_contribution``/``read_contribution`` for a learner's
-  contribution, and ``stage_global_fragment`` + ``global_notification_op`` (inside the fenced
-  commit) / ``read_global`` for a global fragment. The readers verify, in order: envelope
-  (``Message.from_fields``), entry stream vs. the message's fragment, the reference vs. the
-  message's identity and ``MessageLimits.max_blob_bytes``, the blob's framing, key and tensor
-  header (``dd_queue.wire.unpack_blob``), then decode (checksum, limits, NaN/Inf). Every refusal
-  is a ``ProtocolError`` with a ``reason``, or ``BlobMissing``; ``rejection_reason`` names either
-  for the dead-letter stream.
+  contribution, and ``global_notification_op`` (inside the fenced commit, after
+  ``synchronizer.blobs.stage`` wrote the blob) / ``read_global`` for a global fragment. The
+  readers verify, in order: envelope (``Message.from_fields``), entry stream vs. the message's
+  fragment, the reference vs. the message's identity and ``MessageLimits.max_blob_bytes``, the
+  blob's framing, key and tensor header (``dd_queue.wire.unpack_blob``), then decode (checksum,
+  limits, NaN/Inf). Every refusal is a ``ProtocolError`` with a ``reason``, or ``BlobMissing``;
+  ``rejection_reason`` names either for the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from dd_queue.auth import (
     principal_of,
 )
 from dd_queue.bus.base import Bus
-from dd_queue.bus.types import AppendOp, BlobData, BlobRef, Entry, Lease
+from dd_queue.bus.commit_ops import AppendOp
+from dd_queue.bus.types import BlobData, BlobRef, Entry
 from dd_queue.core.blockwise import Delta
 from dd_queue.core.codec import EncodedTensor, Float32Array, TensorHeader, decode, decode_delta
 from dd_queue.errors import (
@@ -101,18 +102,6 @@ def fetch_blob(bus: Bus, entry: Entry) -> bytes:
         BlobMissing: The payload expired or was never written (count the entry as lost).
     """
     return bus.get_blob(blob_ref(entry))
-
-
-def stage_global(
-    bus: Bus, lease: Lease, *, fragment_id: int, version: int, payload: BlobData, ttl_s: float
-) -> BlobRef:
-    """Write a global fragment's payload before the fenced commit that publishes it.
-
-    The key names the lease's fencing token, so a stale holder staging the same version can
-    never overwrite what the current holder commits; unreferenced stagings expire by TTL.
-    """
-    key = bus.keys.global_blob(fragment_id, version, lease.token)
-    return bus.put_blob(key, payload, ttl_s=ttl_s)
 
 
 def latest_global(bus: Bus, fragment_id: int) -> Entry | None:
@@ -223,33 +212,6 @@ def read_contribution(
     if codes:
         return msg, decode_delta(msg.tensor, payload, out=out, limits=limits.tensor)
     return msg, decode(msg.tensor, payload, out=out, limits=limits.tensor)
-
-
-def stage_global_fragment(
-    bus: Bus,
-    lease: Lease,
-    msg: GlobalFragment,
-    encoded: EncodedTensor,
-    *,
-    ttl_s: float,
-    auth: Auth = OPEN,
-) -> BlobRef:
-    """Write a global fragment's blob before the fenced commit that publishes it.
-
-    The key names the lease's fencing token (see ``stage_global``). Pass the returned reference
-    to ``global_notification_op`` in the same round's commit.
-
-    Raises:
-        ValueError: ``msg`` belongs to another run, describes another tensor, or is not fp32.
-    """
-    _check_sendable(bus, msg.run_id, msg.tensor, encoded)
-    if msg.tensor.codec != "fp32":
-        raise ValueError(f"global fragments must be fp32 (exact), got {msg.tensor.codec!r}")
-    key = bus.keys.global_blob(msg.fragment_id, msg.version, lease.token)
-    sign = auth.blob_signer(msg.run_id)
-    return bus.put_blob(
-        key, blob_parts(run_id=msg.run_id, blob_key=key, encoded=encoded, sign=sign), ttl_s=ttl_s
-    )
 
 
 def global_notification_fields(
@@ -459,6 +421,4 @@ __all__ = [
     "rejection_reason",
     "send_command",
     "send_contribution",
-    "stage_global",
-    "stage_global_fragment",
 ]

@@ -1,9 +1,10 @@
 """Plain values that cross the ``Bus`` interface: entries, pending info, leases, blob refs, ops.
 
 Everything here is a frozen dataclass (or a named tuple) of bytes, strings and numbers, identical
-for every bus implementation. Stream field values are ``bytes``: the bus never interprets them.
-``Entry`` and the argument checks live in ``_values``, the commit ops in ``commit_ops``; both are
-re-exported here.
+for every bus implementation, plus the bus's limits. Stream field values are ``bytes``: the bus
+never interprets them. The argument checks live in ``_values`` (``parse_stream_id`` is re-exported
+here for readers of stream ids), the blob limits' checks in ``_chunks``, the commit ops in
+``commit_ops``.
 """
 
 from __future__ import annotations
@@ -12,28 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from dd_queue.bus._values import (
-    Entry,
-    InvalidArgument,
-    dead_letter_fields,
-    format_stream_id,
-    parse_stream_id,
-    ttl_ms,
-)
-from dd_queue.bus.commit_ops import (
-    COMMIT_MARKER_TTL_S,
-    AckOp,
-    AppendOp,
-    CommitOp,
-    CommitResult,
-    DeadLetterOp,
-    DeleteOp,
-    SetOp,
-    check_same_slot,
-    commit_keys,
-)
+from dd_queue.bus._values import parse_stream_id
 from dd_queue.errors import CorruptPayload
-from dd_queue.keys import Keys, blob_chunk_key
+from dd_queue.keys import blob_chunk_key
 
 Buffer = bytes | bytearray | memoryview
 """One contiguous piece of payload."""
@@ -50,6 +32,35 @@ MAX_BLOB_BYTES = 64 * 1024 * MiB
 
 MAX_BLOB_CHUNKS = 1 << 16
 """Most chunk keys one blob may occupy (bounds the work a forged reference can cause)."""
+
+COMMIT_MARKER_TTL_S = 600.0
+"""How long a commit remembers that it ran, so that a retry of it, after its reply was lost,
+replays the first result instead of running again (seconds; far longer than any retry window of
+``RedisOptions.unavailable_after_s``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stream entry as a reader sees it.
+
+    Attributes:
+        stream: Key of the stream it came from.
+        id: Stream id, ``"<ms>-<seq>"``.
+        fields: Field name → raw bytes. Empty when the entry was trimmed away while it was still
+            pending (a re-read of the pending list shows such entries; ack them).
+        delivery_count: How often the group delivered it (1 on first delivery); 0 for reads
+            outside a group.
+    """
+
+    stream: str
+    id: str
+    fields: Mapping[str, bytes]
+    delivery_count: int = 0
+
+    @property
+    def deleted(self) -> bool:
+        """True for a pending entry whose data was trimmed (a real entry has ≥ 1 field)."""
+        return not self.fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,78 +195,19 @@ class BlobRef:
         return ref
 
 
-def chunk_count(nbytes: int, chunk_bytes: int) -> int:
-    """Chunks a blob of ``nbytes`` occupies: ``max(1, ceil(nbytes / chunk_bytes))``."""
-    return max(1, -(-nbytes // chunk_bytes))
-
-
-def check_blob_ref(ref: BlobRef, keys: Keys, chunk_bytes: int) -> BlobRef:
-    """Refuse a reference (e.g. taken from a stream entry) before reading or deleting by it.
-
-    Raises:
-        CorruptPayload: The key is not a blob key of this run (``Keys.is_blob_key``), the size
-            is over :data:`MAX_BLOB_BYTES`, or the chunk count does not follow from the size
-            and ``chunk_bytes`` (every process of a run must use the same ``blob_chunk_bytes``).
-    """
-    if not isinstance(ref.key, str) or not keys.is_blob_key(ref.key):
-        raise CorruptPayload(
-            f"blob reference names {str(ref.key)[:120]!r}, not a blob key of run "
-            f"{keys.run_id!r}; refusing to read or delete it"
-        )
-    if not 0 <= ref.nbytes <= MAX_BLOB_BYTES:
-        raise CorruptPayload(f"blob {ref.key!r}: size {ref.nbytes} is over {MAX_BLOB_BYTES}")
-    expected = chunk_count(ref.nbytes, chunk_bytes)
-    if ref.n_chunks != expected or expected > MAX_BLOB_CHUNKS:
-        raise CorruptPayload(
-            f"blob {ref.key!r}: {ref.n_chunks} chunks for {ref.nbytes} bytes, expected "
-            f"{expected} of {chunk_bytes} bytes (at most {MAX_BLOB_CHUNKS}); a forged reference, "
-            "or a writer with another blob_chunk_bytes"
-        )
-    return ref
-
-
-def check_blob_size(key: str, nbytes: int, n_chunks: int) -> None:
-    """Refuse to write a blob that readers would refuse (:func:`check_blob_ref` limits).
-
-    Raises:
-        InvalidArgument: More than :data:`MAX_BLOB_BYTES` or :data:`MAX_BLOB_CHUNKS`.
-    """
-    if nbytes > MAX_BLOB_BYTES or n_chunks > MAX_BLOB_CHUNKS:
-        raise InvalidArgument(
-            f"blob {key!r} of {nbytes} bytes in {n_chunks} chunks is over the limit of "
-            f"{MAX_BLOB_BYTES} bytes / {MAX_BLOB_CHUNKS} chunks; raise blob_chunk_bytes"
-        )
-
-
 __all__ = [
     "COMMIT_MARKER_TTL_S",
     "DEFAULT_CHUNK_BYTES",
     "MAX_BLOB_BYTES",
     "MAX_BLOB_CHUNKS",
-    "AckOp",
-    "AppendOp",
     "BlobData",
     "BlobRef",
     "Buffer",
-    "CommitOp",
-    "CommitResult",
-    "DeadLetterOp",
-    "DeleteOp",
     "Entry",
     "HeartbeatInfo",
-    "InvalidArgument",
     "Lease",
     "PendingEntry",
     "PendingSummary",
     "Reclaimed",
-    "SetOp",
-    "check_blob_ref",
-    "check_blob_size",
-    "check_same_slot",
-    "chunk_count",
-    "commit_keys",
-    "dead_letter_fields",
-    "format_stream_id",
     "parse_stream_id",
-    "ttl_ms",
 ]

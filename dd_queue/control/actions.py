@@ -25,28 +25,12 @@ from dd_queue.control.faultbook import FaultBook, FaultRecord, injected_fields
 from dd_queue.control.members import Members
 from dd_queue.control.observe import Target, Watch
 from dd_queue.control.requests import RANDOM, SYNCHRONIZER, ChaosStart, FaultRequest
-from dd_queue.errors import DDQError
+from dd_queue.errors import Conflict, NotFound, Refused
 from dd_queue.messages import Event, FaultCommand, RoundRecord, Scalar
 
-__all__ = ["Actions", "Conflict", "NotFound", "Refused", "Surroundings"]
+__all__ = ["Actions", "Surroundings"]
 
 log = logging.getLogger("dd_queue.control")
-
-
-class Refused(DDQError):
-    """An operator request that cannot be carried out now; ``status_code`` is its HTTP status."""
-
-    status_code = 409
-
-
-class NotFound(Refused):
-    """The request names a learner or schedule that the control plane does not know."""
-
-    status_code = 404
-
-
-class Conflict(Refused):
-    """The request does not fit the run's state (target not live, chaos already running)."""
 
 
 class Surroundings(Protocol):

@@ -31,14 +31,13 @@ from dd_queue import __version__
 from dd_queue.bus import Bus
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
-from dd_queue.control.actions import Refused
 from dd_queue.control.auth import AdminGate
 from dd_queue.control.guard import Guard, allowed_hosts
 from dd_queue.control.metrics import registry_for
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.routes import ROUTERS
 from dd_queue.control.routes.dashboard import STATIC_DIR
-from dd_queue.errors import BusError, DDQError
+from dd_queue.errors import BusError, DDQError, Refused
 from dd_queue.startup import NOTE_EVERY_S
 
 __all__ = ["JsonBodies", "create_app"]

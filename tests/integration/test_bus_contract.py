@@ -33,6 +33,7 @@ from dd_queue.bus import (
 from dd_queue.bus._chunks import split_chunks
 from dd_queue.errors import BlobMissing, BusError, ConfigError, CorruptPayload, LeaseLost
 from dd_queue.keys import SYNC_GROUP, Keys, blob_chunk_key, check_name, fence_key, hash_tag
+from tests.bus_support import stage_global
 from tests.integration.conftest import CHUNK_BYTES, BusCase, wait_until
 
 G = SYNC_GROUP
@@ -302,8 +303,6 @@ def test_pending_inspection_by_consumer_and_idle_time(bus_case: BusCase) -> None
     summary = bus.pending_summary(up, G)
     assert (summary.count, summary.min_id, summary.max_id) == (2, a, b)
     assert dict(summary.consumers) == {"c1": 1, "c2": 1}
-    assert bus.delete_consumer(up, G, "c2") == 1
-    assert [p.id for p in bus.pending(up, G)] == [a]
 
 
 def test_read_only_inspection_creates_nothing(bus_case: BusCase) -> None:
@@ -311,11 +310,9 @@ def test_read_only_inspection_creates_nothing(bus_case: BusCase) -> None:
     up = bus.keys.up(6)
     assert bus.pending_summary(up, G).count == 0
     assert bus.pending(up, G) == []
-    assert bus.delete_consumer(up, G, "c1") == 0
     assert bus.get(up) is None  # still no key at all (a stream would be WRONGTYPE here)
     bus.append(up, {"m": b"x"})  # a stream without the group: still nothing created
     assert bus.pending_summary(up, G).count == 0 and bus.pending(up, G) == []
-    assert bus.delete_consumer(up, G, "c1") == 0
     assert _ids(bus.read_group(up, G, "c1")) != []  # the group starts at 0 when created
 
 
@@ -349,31 +346,24 @@ def test_delivery_counts_with_interleaved_owners(bus_case: BusCase) -> None:
     assert [(e.id, e.delivery_count) for e in claimed] == [(entry_id, 3) for entry_id in ids]
 
 
-def test_dead_letter_moves_the_entry_and_acks_it(bus_case: BusCase) -> None:
+def test_a_retried_dead_letter_commit_moves_the_entry_once(bus_case: BusCase) -> None:
     bus = bus_case.bus
     up, dlq = bus.keys.up(2), bus.keys.dlq(2)
     bus.append(up, {"m": b"poison"})
     [entry] = bus.read_group(up, G, "c1")
-    dead_id = bus.dead_letter(entry, group=G, dlq=dlq, reason="checksum mismatch")
-    assert bus.pending_summary(up, G).count == 0
+    lease = bus.acquire_lease(bus.keys.lease(2), "sync-0", ttl_s=30)
+    assert lease is not None
+    move = [DeadLetterOp(entry, G, dlq, "checksum mismatch")]
+    first = bus.commit(lease, move, commit_id="2:dlq")
+    again = bus.commit(lease, move, commit_id="2:dlq")  # a retried call
+    assert again.replayed and again.entry_ids == first.entry_ids
     [dead] = bus.read(dlq)
-    assert dead.id == dead_id
+    assert dead.id == first.entry_ids[0]
     assert dead.fields["m"] == b"poison"
     assert dead.fields["ddq.dlq.reason"] == b"checksum mismatch"
     assert dead.fields["ddq.dlq.stream"] == up.encode()
     assert dead.fields["ddq.dlq.id"] == entry.id.encode()
     assert dead.fields["ddq.dlq.group"] == G.encode()
-
-
-def test_a_repeated_dead_letter_moves_the_entry_once(bus_case: BusCase) -> None:
-    bus = bus_case.bus
-    up, dlq = bus.keys.up(2), bus.keys.dlq(2)
-    bus.append(up, {"m": b"poison"})
-    [entry] = bus.read_group(up, G, "c1")
-    first = bus.dead_letter(entry, group=G, dlq=dlq, reason="corrupt")
-    again = bus.dead_letter(entry, group=G, dlq=dlq, reason="corrupt")  # a retried call
-    assert again == first
-    assert _ids(bus.read(dlq)) == [first]
     assert bus.pending_summary(up, G).count == 0
 
 
@@ -415,8 +405,10 @@ def test_dead_letter_into_a_non_stream_applies_nothing(bus_case: BusCase) -> Non
     bus.append(up, {"m": b"x"})
     [entry] = bus.read_group(up, G, "c1")
     bus.set(dlq, b"not a stream")
+    lease = bus.acquire_lease(bus.keys.lease(2), "sync-0", ttl_s=30)
+    assert lease is not None
     with pytest.raises(BusError):
-        bus.dead_letter(entry, group=G, dlq=dlq, reason="r")
+        bus.commit(lease, [DeadLetterOp(entry, G, dlq, "r")], commit_id="2:dlq")
     assert bus.pending_summary(up, G).count == 1
     assert bus.get(dlq) == b"not a stream"
 
@@ -428,10 +420,9 @@ def test_exact_trim_keeps_the_newest_entries(bus_case: BusCase) -> None:
     bus = bus_case.bus
     events = bus.keys.events()
     ids = [bus.append(events, {"i": str(i).encode()}) for i in range(10)]
-    assert bus.trim(events, maxlen=3, approximate=False) == 7
+    ids.append(bus.append(events, {"i": b"10"}, maxlen=3, approximate=False))
     assert _ids(bus.read(events)) == ids[-3:]
-    bus.append(events, {"i": b"10"}, maxlen=2, approximate=False)
-    assert bus.stream_length(events) == 2
+    assert bus.stream_length(events) == 3
 
 
 def test_approximate_maxlen_keeps_at_least_maxlen(bus_case: BusCase) -> None:
@@ -478,7 +469,7 @@ def test_trimmed_pending_entries_are_reported_and_dropped(bus_case: BusCase) -> 
     up = bus.keys.up(0)
     ids = [bus.append(up, {"i": str(i).encode()}) for i in range(10)]
     bus.read_group(up, G, "dead", count=10)
-    bus.trim(up, maxlen=2, approximate=False)
+    bus.append(up, {"i": b"new"}, maxlen=3, approximate=False)  # keeps ids[8:] and the new one
     assert bus.pending_summary(up, G).count == 10  # trimming leaves the ids pending
     own = bus.read_own_pending(up, G, "dead")
     assert [e.deleted for e in own] == [True] * 8 + [False] * 2
@@ -753,7 +744,7 @@ def test_bad_stream_arguments_are_refused_alike(bus_case: BusCase) -> None:
     with pytest.raises(InvalidArgument, match="stream id"):
         bus.read_own_pending(up, G, "c1", after_id="garbage")
     with pytest.raises(InvalidArgument):
-        bus.dead_letter(Entry(up, "garbage", {}), group=G, dlq=bus.keys.dlq(0), reason="r")
+        DeadLetterOp(Entry(up, "garbage", {}), G, bus.keys.dlq(0), "r")
     assert bus.pending_summary(up, G).count == 1  # the good id was not acked either
     assert bus.stream_length(bus.keys.dlq(0)) == 0
 
@@ -848,7 +839,7 @@ def test_scripts_refuse_keys_of_another_fragment_and_bad_ttls(bus_case: BusCase)
     bus.append(bus.keys.up(0), {"m": b"x"})
     [entry] = bus.read_group(bus.keys.up(0), G, "c1")
     with pytest.raises(ValueError, match="hash tag"):
-        bus.dead_letter(entry, group=G, dlq=bus.keys.dlq(1), reason="r")
+        bus.commit(lease, [DeadLetterOp(entry, G, bus.keys.dlq(1), "r")], commit_id="0:2")
     for bad_ttl in (0, -1.0):
         with pytest.raises(ValueError, match="ttl_s"):
             bus.set(bus.keys.state(0), b"v", ttl_s=bad_ttl)
@@ -925,11 +916,11 @@ def test_staged_blobs_named_after_a_token_are_never_overwritten(bus_case: BusCas
     lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
     assert lease is not None
     theta = bytes(range(256)) * 9  # 3 chunks
-    ref = ops.stage_global(bus, lease, fragment_id=0, version=4, payload=theta, ttl_s=60)
-    assert ops.stage_global(bus, lease, fragment_id=0, version=4, payload=theta, ttl_s=60) == ref
+    ref = stage_global(bus, lease, fragment_id=0, version=4, payload=theta, ttl_s=60)
+    assert stage_global(bus, lease, fragment_id=0, version=4, payload=theta, ttl_s=60) == ref
     for other in (b"stale" * 500, theta[:-1] + b"!"):
         with pytest.raises(LeaseLost, match="already holds another payload"):
-            ops.stage_global(bus, lease, fragment_id=0, version=4, payload=other, ttl_s=60)
+            stage_global(bus, lease, fragment_id=0, version=4, payload=other, ttl_s=60)
     momentum = bus.keys.momentum_blob(0, 4, lease.token)
     bus.put_blob(momentum, b"m" * 10, ttl_s=None)  # kept until a commit deletes it
     with pytest.raises(LeaseLost):
@@ -1041,7 +1032,7 @@ def test_stage_global_names_the_fencing_token(bus_case: BusCase) -> None:
     bus = bus_case.bus
     lease = bus.acquire_lease(bus.keys.lease(5), "sync-0", ttl_s=30)
     assert lease is not None
-    ref = ops.stage_global(bus, lease, fragment_id=5, version=3, payload=b"theta", ttl_s=60)
+    ref = stage_global(bus, lease, fragment_id=5, version=3, payload=b"theta", ttl_s=60)
     assert ref.key == bus.keys.global_blob(5, 3, lease.token)
     bus.commit(lease, [AppendOp(bus.keys.down(5), {"blob": ref.to_bytes()})], commit_id="5:3")
     latest = ops.latest_global(bus, 5)

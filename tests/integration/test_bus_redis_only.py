@@ -15,6 +15,7 @@ import redis
 from dd_queue.bus import AckOp, AppendOp, Entry, RedisBus, RedisOptions, SetOp, ops
 from dd_queue.errors import BlobMissing, BusError, BusUnavailable, ConfigError, LeaseLost
 from dd_queue.keys import SYNC_GROUP
+from tests.bus_support import stage_global
 from tests.integration.conftest import (
     blocked_clients,
     connections_received,
@@ -96,9 +97,9 @@ def test_leases_and_scripts_after_a_restart(private_server: RedisProcess, bus: R
         bus.commit(before, [SetOp(bus.keys.state(0), b"stale")], commit_id="0:2")
     assert bus.get(bus.keys.state(0)) == b"fresh"
     # ... and its staging lands under its own token, never on the committed blob.
-    ref = ops.stage_global(bus, after, fragment_id=0, version=1, payload=b"theta", ttl_s=60)
+    ref = stage_global(bus, after, fragment_id=0, version=1, payload=b"theta", ttl_s=60)
     bus.commit(after, [AppendOp(bus.keys.down(0), {"blob": ref.to_bytes()})], commit_id="0:3")
-    stale = ops.stage_global(bus, before, fragment_id=0, version=1, payload=b"STALE", ttl_s=60)
+    stale = stage_global(bus, before, fragment_id=0, version=1, payload=b"STALE", ttl_s=60)
     assert stale.key != ref.key
     latest = ops.latest_global(bus, 0)
     assert latest is not None and bus.get_blob(ops.blob_ref(latest)) == b"theta"
@@ -147,20 +148,6 @@ def test_a_commit_whose_reply_is_lost_is_retried_without_applying_twice(
     assert result.replayed and result.acked == 2  # ... and reports the first run
     assert [e.fields for e in bus.read(k.down(0))] == [{"version": b"7"}]
     assert [e.id for e in bus.read(k.rounds(0))] == [result.entry_ids[1]]
-
-
-def test_a_dead_letter_whose_reply_is_lost_is_not_duplicated(
-    private_server: RedisProcess, bus: RedisBus
-) -> None:
-    up, dlq = bus.keys.up(0), bus.keys.dlq(0)
-    bus.append(up, {"m": b"poison"})
-    [entry] = bus.read_group(up, G, "sync-0")
-    lossy = _LoseFirstReply(bus._conn.control)
-    bus._dlq_script.registered_client = lossy  # type: ignore[assignment]
-    dead_id = bus.dead_letter(entry, group=G, dlq=dlq, reason="corrupt")
-    assert lossy.calls == 2
-    assert [e.id for e in bus.read(dlq)] == [dead_id]
-    assert bus.pending_summary(up, G).count == 0
 
 
 def _ddq_clients(server: RedisProcess, name: str) -> list[str]:

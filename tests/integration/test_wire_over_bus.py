@@ -26,6 +26,7 @@ from dd_queue.errors import (
 )
 from dd_queue.keys import SYNC_GROUP, blob_chunk_key
 from dd_queue.messages import Contribution, GlobalFragment, MessageLimits, pack_blob
+from tests.bus_support import dead_letter, stage_global_fragment
 from tests.integration.conftest import CHUNK_BYTES, BusCase
 
 G = SYNC_GROUP
@@ -238,7 +239,7 @@ def test_refused_entries_are_dead_lettered_and_acked(bus_case: BusCase, case: st
     assert ops.rejection_reason(refused.value) == reason  # type: ignore[arg-type]
 
     dlq = bus.keys.dlq(fragment)
-    dead_id = bus.dead_letter(entry, group=G, dlq=dlq, reason=reason)
+    dead_id = dead_letter(bus, entry, group=G, dlq=dlq, reason=reason)
     assert bus.pending_summary(up, G).count == 0
     [dead] = bus.read(dlq)
     assert dead.id == dead_id
@@ -273,7 +274,7 @@ def test_global_fragment_through_a_fenced_commit_is_bit_exact(
     theta[:4] = [-0.0, np.float32(1e-45), np.float32(3e38), np.float32(-1e-40)]
     encoded = encode(theta, CodecSpec("fp32", zstd_level=zstd_level))
     msg = _global(bus, encoded)
-    ref = ops.stage_global_fragment(bus, lease, msg, encoded, ttl_s=60)
+    ref = stage_global_fragment(bus, lease, msg, encoded, ttl_s=60)
     assert ref.key == bus.keys.global_blob(FRAGMENT, 6, lease.token) and ref.n_chunks > 1
     notify = ops.global_notification_op(bus, msg, ref, maxlen=100)
     result = bus.commit(lease, [notify, SetOp(bus.keys.state(FRAGMENT), b"v6")], commit_id="f3:v6")
@@ -291,9 +292,9 @@ def test_global_fragment_refusals(bus_case: BusCase) -> None:
     assert lease is not None
     lossy = encode(outer_gradient(), CodecSpec("int8"))
     with pytest.raises(ValueError, match="fp32"):
-        ops.stage_global_fragment(bus, lease, _global(bus, lossy), lossy, ttl_s=60)
+        stage_global_fragment(bus, lease, _global(bus, lossy), lossy, ttl_s=60)
     encoded = encode(outer_gradient(), CodecSpec("fp32"))
-    ref = ops.stage_global_fragment(bus, lease, _global(bus, encoded, version=5), encoded, ttl_s=60)
+    ref = stage_global_fragment(bus, lease, _global(bus, encoded, version=5), encoded, ttl_s=60)
     # an announcement of version 6 that points to version 5's blob
     bus.commit(
         lease, [ops.global_notification_op(bus, _global(bus, encoded), ref)], commit_id="f3:v6"

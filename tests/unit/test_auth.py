@@ -38,6 +38,7 @@ from dd_queue.messages import (
     MessageLimits,
 )
 from dd_queue.wire import ENTRY_FIELD, pack_blob, unpack_blob
+from tests.bus_support import stage_global_fragment
 
 RUN = "authrun"
 LIMITS = MessageLimits()
@@ -235,7 +236,7 @@ def test_global_fragments_must_come_from_the_synchronizer(keys: Path):
             created_at_s=1.7e9,
             reason="r",
         )
-        ref = ops.stage_global_fragment(bus, lease, msg, encoded, ttl_s=60, auth=signer)
+        ref = stage_global_fragment(bus, lease, msg, encoded, ttl_s=60, auth=signer)
         bus.append(bus.keys.down(0), ops.global_notification_fields(bus, msg, ref, auth=signer))
         entry = bus.read_latest(bus.keys.down(0))
         assert entry is not None

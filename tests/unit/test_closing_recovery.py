@@ -391,7 +391,7 @@ def test_reclaim_takes_a_whole_page_of_idle_entries(ctx, bus, clock):
 
 def test_reclaim_warns_about_entries_trimmed_before_they_were_settled(ctx, bus, clock, caplog):
     ids = fill(bus, 1, 10, "old")
-    bus.trim(bus.keys.up(1), maxlen=0)
+    bus.append(bus.keys.up(1), {"x": b"new"}, maxlen=1, approximate=False)  # trims all 10
     clock.advance(ctx.sync.claim_idle_ms / 1000 + 0.1)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert recovery.reclaim_entries(ctx, 1) == []

@@ -1,8 +1,8 @@
 """Commit ops (``dd_queue.bus.commit_ops``): what each op refuses when it is built, and with which
-message; how a ``DeadLetterOp`` expands; the commit marker's layout; the dead-letter checks.
+message; how a ``DeadLetterOp`` expands; the commit marker's layout.
 
 The error messages are what an operator reads when a commit is refused, so they are checked
-word for word: each names the argument that was wrong (``SetOp.key``, ``dead_letter group``...).
+word for word: each names the argument that was wrong (``SetOp.key``, ``DeadLetterOp.group``...).
 Bus-level behaviour runs on MemoryBus and on RedisBus over fakeredis (no server needed).
 """
 
@@ -239,8 +239,8 @@ def test_keys_of_another_fragment_are_refused_with_the_reason() -> None:
     check_same_slot(K.lease(0), [K.state(0), K.up(0)])
     check_same_slot("plain-key", ["other", K.state(3)])  # no tag: not checked
     assert refusal(lambda: check_same_slot(K.lease(0), [K.state(0), K.dlq(3)])) == (
-        f"{K.dlq(3)!r} is outside hash tag {{t.f0}} of {K.lease(0)!r}; a fenced commit or "
-        "dead-letter move may only touch keys of one fragment (use dd_queue.keys)"
+        f"{K.dlq(3)!r} is outside hash tag {{t.f0}} of {K.lease(0)!r}; a fenced commit may "
+        "only touch keys of one fragment (use dd_queue.keys)"
     )
 
 
@@ -298,48 +298,3 @@ def test_a_retried_commit_replays_for_an_owner_with_newlines(bus: Bus) -> None:
     assert not first.replayed and again.replayed
     assert again.entry_ids == first.entry_ids and again.acked == first.acked == 0
     assert bus.stream_length(bus.keys.rounds(0)) == 1  # applied once
-
-
-# ── check_dead_letter (Bus.dead_letter) ─────────────────────────────────────────────────────
-
-
-def _one_pending(bus: Bus) -> Entry:
-    up = bus.keys.up(0)
-    bus.append(up, {"m": b"poison"})
-    [entry] = bus.read_group(up, G, "c1")
-    return entry
-
-
-def _nothing_moved(bus: Bus) -> bool:
-    return (
-        bus.stream_length(bus.keys.dlq(0)) == 0
-        and bus.pending_summary(bus.keys.up(0), G).count == 1
-    )
-
-
-def test_dead_letter_refusals_name_the_argument_and_apply_nothing(bus: Bus) -> None:
-    entry = _one_pending(bus)
-    dlq = bus.keys.dlq(0)
-    cases = {
-        "dead_letter entry id must be a stream id '<ms>-<seq>', got 'garbage'": lambda: (
-            bus.dead_letter(Entry(entry.stream, "garbage", {}), group=G, dlq=dlq, reason="r")
-        ),
-        "dead_letter group must be a non-empty key string, got ''": lambda: bus.dead_letter(
-            entry, group="", dlq=dlq, reason="r"
-        ),
-        "dead_letter maxlen must be None or an integer >= 1, got 0": lambda: bus.dead_letter(
-            entry, group=G, dlq=dlq, reason="r", maxlen=0
-        ),
-        "dead_letter maxlen must be None or an integer >= 1, got -3": lambda: bus.dead_letter(
-            entry, group=G, dlq=dlq, reason="r", maxlen=-3
-        ),
-    }
-    for message, call in cases.items():
-        assert refusal(call) == message
-        assert _nothing_moved(bus), message
-    assert "outside hash tag" in refusal(
-        lambda: bus.dead_letter(entry, group=G, dlq=bus.keys.dlq(1), reason="r")
-    )
-    assert _nothing_moved(bus)
-    bus.dead_letter(entry, group=G, dlq=dlq, reason="r", maxlen=1)  # the good call goes through
-    assert bus.stream_length(dlq) == 1 and bus.pending_summary(entry.stream, G).count == 0

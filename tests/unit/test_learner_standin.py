@@ -30,6 +30,7 @@ from dd_queue.learner import Learner, StepReport
 from dd_queue.learner.service import PumpThreads
 from dd_queue.messages import Contribution, GlobalFragment, MessageLimits, RoundOpen
 from dd_queue.models import build_model
+from tests.bus_support import stage_global_fragment
 
 LIMITS = MessageLimits()
 TINY = {"preset": "gpt-tiny", "n_layers": 1, "d_model": 32, "n_heads": 2, "seq_len": 16}
@@ -120,7 +121,7 @@ class StandIn:
             reason="stand-in",
         )
         lease = self.lease(p)
-        ref = ops.stage_global_fragment(self.bus, lease, msg, encoded, ttl_s=3600, auth=self.auth)
+        ref = stage_global_fragment(self.bus, lease, msg, encoded, ttl_s=3600, auth=self.auth)
         self.commits += 1
         op = ops.global_notification_op(self.bus, msg, ref, auth=self.auth)
         self.bus.commit(lease, [op], commit_id=f"standin:{p}:{version}:{self.commits}")

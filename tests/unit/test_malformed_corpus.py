@@ -54,6 +54,7 @@ from dd_queue.messages import (
     RoundRecord,
 )
 from dd_queue.wire import pack_blob, unpack_blob
+from tests.bus_support import stage_global_fragment
 
 RUN = "corpus"
 N = 256
@@ -96,7 +97,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     lease = bus.acquire_lease(bus.keys.lease(0), "s", ttl_s=600)
     assert lease is not None
     notice, theta = global_fragment(version=3)
-    ref = ops.stage_global_fragment(bus, lease, notice, theta, ttl_s=600, auth=sync)
+    ref = stage_global_fragment(bus, lease, notice, theta, ttl_s=600, auth=sync)
     bus.append(bus.keys.down(0), ops.global_notification_fields(bus, notice, ref, auth=sync))
     ops.send_command(bus, "L0", command().to_fields(), auth=control)
     hb = heartbeat()
@@ -613,7 +614,7 @@ def global_cases(w: World) -> list[Case]:
     assert lease2 is not None
     for i, signer in enumerate((w.learners["L0"], w.control, OPEN)):  # only the synchronizer may
         forged_notice, theta = global_fragment(version=10 + i)
-        ref = ops.stage_global_fragment(bus2, lease2, forged_notice, theta, ttl_s=60, auth=signer)
+        ref = stage_global_fragment(bus2, lease2, forged_notice, theta, ttl_s=60, auth=signer)
         bus2.append(
             bus2.keys.down(0), ops.global_notification_fields(bus2, forged_notice, ref, auth=signer)
         )
