@@ -6,15 +6,17 @@ seconds. Maps keyed by fragment id use the id as a string (JSON object keys).
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from dd_queue.messages import RoundRecord
 
 __all__ = [
     "ChaosSchedule",
     "ChaosView",
     "Contributions",
-    "ContributorView",
     "DashboardSnapshot",
     "DecisionView",
     "EffectView",
@@ -27,7 +29,6 @@ __all__ = [
     "Health",
     "LearnerState",
     "LearnerView",
-    "OutcomeView",
     "QuorumView",
     "Readiness",
     "RoundView",
@@ -226,43 +227,16 @@ class StateView(_View):
     )
 
 
-class ContributorView(_View):
-    """A learner's part in a merged round."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RoundView(RoundRecord):
+    """One closed round of one fragment: its record as the synchronizer stored it
+    (``dd_queue.messages.RoundRecord``, every field, contributors and entry outcomes included)
+    and the bytes it moved."""
 
-    learner_id: str
-    weight: float
-    n_tokens: int
-    n_steps: int
-    staleness: int
-
-
-class OutcomeView(_View):
-    """What became of one contribution entry in a round."""
-
-    entry_id: str
-    learner_id: str
-    round_id: int
-    outcome: str
-    reason: str
-
-
-class RoundView(_View):
-    """One closed round of one fragment."""
-
-    fragment_id: int
-    round_id: int
-    version_before: int
-    version_after: int
-    decision: Literal["merge", "abandon"]
-    reason: str
-    contributors: list[ContributorView]
-    outcomes: list[OutcomeView]
-    opened_at_s: float
-    quorum_at_s: float | None
-    closed_at_s: float
-    timings_s: dict[str, float]
-    bytes_out: int = Field(description="Bytes of the published global fragment (fp32).")
-    bytes_in_estimate: int = Field(description="Merged payload bytes at the configured codec.")
+    bytes_out: Annotated[int, Field(description="Bytes of the published global fragment (fp32).")]
+    bytes_in_estimate: Annotated[
+        int, Field(description="Merged payload bytes at the configured codec.")
+    ]
 
 
 class EffectView(_View):

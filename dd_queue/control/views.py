@@ -230,21 +230,11 @@ def round_view(plane: ControlPlane, r: RoundRecord) -> RoundView:
     per_param = _BYTES_PER_PARAM.get(wire.codec, 4.0)
     per_param += 4.0 / wire.block_size if wire.codec in ("int8", "int4") else 0.0
     merged = r.decision == "merge"
-    return RoundView.model_validate(
-        {
-            **{name: getattr(r, name) for name in _ROUND_FIELDS},
-            "contributors": [dataclasses.asdict(c) for c in r.contributors],
-            "outcomes": [dataclasses.asdict(e) for e in r.entries],
-            "bytes_out": 4 * n if merged else 0,
-            "bytes_in_estimate": int(per_param * n * len(r.contributors)) if merged else 0,
-        }
+    return RoundView(
+        **{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
+        bytes_out=4 * n if merged else 0,
+        bytes_in_estimate=int(per_param * n * len(r.contributors)) if merged else 0,
     )
-
-
-# The record's fields that the view also has (contributors are then replaced by plain dicts).
-_ROUND_FIELDS = tuple(
-    f.name for f in dataclasses.fields(RoundRecord) if f.name in RoundView.model_fields
-)
 
 
 def fault_view(record: FaultRecord) -> FaultView:
