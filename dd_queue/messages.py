@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from dd_queue.core.codec import TensorHeader, check_header
+from dd_queue.core.rounds import ContributionClaim
 from dd_queue.errors import CorruptPayload, IncompatibleMessage
 from dd_queue.wire import (
     ENTRY_FIELD,
@@ -116,18 +117,17 @@ class Message:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Contribution(Message):
+class Contribution(ContributionClaim, Message):
     """A learner's outer gradient Δ_p for one fragment in one round (learner → synchronizer).
 
     The stream entry is a small reference: this envelope plus the bus's blob reference to the
-    payload (``dd_queue.wire.pack_blob`` framing). Dedupe identity: ``(learner_id, fragment_id,
-    round_id)``.
+    payload (``dd_queue.wire.pack_blob`` framing). Its claim (``core.rounds.ContributionClaim``:
+    learner, fragment, round, base version, ``n_steps`` and ``n_tokens`` since the learner last
+    received the fragment; Decoupled DiLoCo's merge weight is n_tokens · n_tokens / n_steps) is
+    its dedupe identity and the synchronizer's bookkeeping.
 
     Attributes:
         config_digest: Digest of the sender's math-relevant config; the synchronizer compares it.
-        base_version: Global version of the fragment the learner's Δ is taken against.
-        n_steps, n_tokens: Inner steps and tokens since the learner last received the fragment
-            (Decoupled DiLoCo's merge weight is n_tokens · n_tokens / n_steps).
         tensor: Codec header of the payload (dd_queue.core.codec).
         created_at_s: Sender's wall-clock time, seconds since the epoch.
     """
@@ -135,19 +135,8 @@ class Contribution(Message):
     TYPE: ClassVar[str] = "contribution"
     run_id: str
     config_digest: str
-    learner_id: str
-    fragment_id: int
-    round_id: int
-    base_version: int
-    n_steps: int
-    n_tokens: int
     tensor: TensorHeader
     created_at_s: float
-
-    @property
-    def identity(self) -> tuple[str, int, int]:
-        """The deduplication key ``(learner_id, fragment_id, round_id)``."""
-        return (self.learner_id, self.fragment_id, self.round_id)
 
     def _validate(self, limits: MessageLimits) -> None:
         require_text(self, "run_id", "config_digest", "learner_id")

@@ -25,18 +25,21 @@ starts the next round window with the version one higher and nothing held.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from dd_queue.errors import CoreError
 
 __all__ = [
+    "STEP_SLACK_S",
     "Admission",
     "AdmissionKind",
+    "ContributionClaim",
     "ContributionMeta",
     "FragmentCounters",
     "RoundState",
     "RoundView",
+    "implausible",
 ]
 
 AdmissionKind = Literal[
@@ -96,8 +99,11 @@ class FragmentCounters:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ContributionMeta:
-    """What the synchronizer knows of one contribution, without its payload.
+class ContributionClaim:
+    """What a contribution says of itself: whose it is, what it answers, and the work behind it.
+
+    ``dd_queue.messages.Contribution`` (the wire envelope) and ``ContributionMeta`` (the
+    synchronizer's bookkeeping) both extend it, so these fields are named once.
 
     Attributes:
         learner_id: The contributing learner, e.g. ``"L3"``.
@@ -106,7 +112,6 @@ class ContributionMeta:
         base_version: Global version of the fragment the learner trained from.
         n_steps: Inner steps since the learner last received the fragment.
         n_tokens: Tokens since then.
-        entry_id: Opaque bus reference (stream entry id) so the shell can ack it.
     """
 
     learner_id: str
@@ -115,18 +120,80 @@ class ContributionMeta:
     base_version: int
     n_steps: int
     n_tokens: int
-    entry_id: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.learner_id:
-            raise CoreError("learner_id must be a non-empty string")
-        for name in ("fragment_id", "round_id", "base_version", "n_steps", "n_tokens"):
-            _check_count(name, getattr(self, name))
 
     @property
     def identity(self) -> tuple[str, int, int]:
         """The deduplication key ``(learner_id, fragment_id, round_id)``."""
         return (self.learner_id, self.fragment_id, self.round_id)
+
+
+_CLAIM_FIELDS = tuple(f.name for f in fields(ContributionClaim))
+
+
+STEP_SLACK_S = 1.0
+"""Seconds added to a contribution's training window before the step bound: bus timestamps are
+whole milliseconds, and the learner's first step may begin within the publishing commit's tick."""
+
+
+def implausible(
+    claim: ContributionClaim,
+    *,
+    max_tokens_per_step: int,
+    max_steps_per_s: float,
+    trained_for_s: float | None,
+) -> str | None:
+    """Why a contribution's counters cannot be true (its dead-letter reason), or None.
+
+    A learner counts ``n_steps`` and ``n_tokens`` from the moment it received its base version,
+    which was no earlier than that version's publication. So ``n_tokens`` is at most
+    ``n_steps × max_tokens_per_step``, and ``n_steps`` at most ``max_steps_per_s`` times the
+    window from the publication to the contribution's arrival (plus ``STEP_SLACK_S``).
+
+    Args:
+        claim: The contribution's claim.
+        max_tokens_per_step: Most tokens one inner step of this run can carry.
+        max_steps_per_s: Most inner steps a learner can take in a second.
+        trained_for_s: Seconds from the base version's publication to the contribution's
+            arrival, both on the bus's clock (so learners' clocks do not matter); None when the
+            publication time is not known (the step bound is then not applied).
+    """
+    if claim.n_tokens > max(claim.n_steps, 1) * max_tokens_per_step:
+        return (
+            f"{claim.n_tokens} tokens in {claim.n_steps} steps: more than "
+            f"{max_tokens_per_step} tokens per step (synchronizer.max_tokens_per_step) "
+            "cannot come from this run's model and batches; it would outweigh every other "
+            "learner"
+        )
+    if trained_for_s is None:
+        return None
+    window_s = max(trained_for_s, 0.0) + STEP_SLACK_S
+    if claim.n_steps > max_steps_per_s * window_s:
+        return (
+            f"{claim.n_steps} steps since version {claim.base_version}, published "
+            f"{max(trained_for_s, 0.0):.3f} s before it arrived: more than "
+            f"{max_steps_per_s:g} steps per second (synchronizer.max_steps_per_s) over "
+            f"{window_s:.3f} s"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContributionMeta(ContributionClaim):
+    """What the synchronizer knows of one contribution, without its payload: its claim and
+    ``entry_id``, the opaque bus reference (stream entry id) the shell acks it by."""
+
+    entry_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.learner_id:
+            raise CoreError("learner_id must be a non-empty string")
+        for name in _CLAIM_FIELDS[1:]:
+            _check_count(name, getattr(self, name))
+
+    @classmethod
+    def of(cls, claim: ContributionClaim, entry_id: str) -> ContributionMeta:
+        """The bookkeeping of ``claim`` (e.g. a decoded ``Contribution``) read as ``entry_id``."""
+        return cls(**{name: getattr(claim, name) for name in _CLAIM_FIELDS}, entry_id=entry_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@ Per entry, in order (the first that applies decides):
 2. a trimmed entry (no fields) is settled as ``dropped``;
 3. the entry was read and verified whole by the ``contributions.Batch`` (``ops.read_contribution``,
    perhaps ahead of time: envelope, run, stream, reference, blob framing, checksum, NaN/Inf, size
-   limits), then its counters are checked for plausibility (``implausible``: at most
-   ``max_tokens_per_step`` tokens per step) and its config digest and size compared
+   limits), then its counters are checked for plausibility (``core.rounds.implausible``: at most
+   ``max_tokens_per_step`` tokens per step, and ``max_steps_per_s`` steps a second since its
+   base version was published) and its config digest and size compared
    with ours: any failure dead-letters it with the reason. One exception: a
    missing payload of an entry that could not merge anyway (a duplicate or late twin of a
    merged one, whose commit deleted the shared payload) is settled by its outcome instead;
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import cast
 
 from dd_queue.bus import DeadLetterOp, Entry, SetOp, ops
-from dd_queue.core.rounds import Admission, ContributionMeta
+from dd_queue.core.rounds import Admission, ContributionMeta, implausible
 from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, EntryOutcomeKind
@@ -72,12 +73,12 @@ def _offer(ctx: Context, rt: FragmentRuntime, item: Item, now: float) -> str | N
         return None
     msg, delta, sq_norms = item.read
     try:
-        _check_compatible(ctx, rt, msg, delta.size)
+        _check_compatible(ctx, rt, msg, entry, delta.size)
     except ProtocolError as err:
         ctx.buffers.give([delta])
         return f"{ops.rejection_reason(err)}: {err}"
     round_after, admission = rt.round.admit(
-        _meta(msg, entry), now=now, max_staleness=ctx.sync.max_staleness
+        ContributionMeta.of(msg, entry.id), now=now, max_staleness=ctx.sync.max_staleness
     )
     ref = ops.blob_ref(entry)
     if not admission.admitted:
@@ -103,7 +104,9 @@ def _offer_without_payload(
         msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
     except ProtocolError as exc:
         return f"{ops.rejection_reason(exc)}: {exc}"
-    _, admission = rt.round.admit(_meta(msg, entry), now=now, max_staleness=ctx.sync.max_staleness)
+    _, admission = rt.round.admit(
+        ContributionMeta.of(msg, entry.id), now=now, max_staleness=ctx.sync.max_staleness
+    )
     if admission.admitted:
         return reason
     outcome = cast(EntryOutcomeKind, admission.kind)
@@ -112,15 +115,17 @@ def _offer_without_payload(
     return None
 
 
-def _check_compatible(ctx: Context, rt: FragmentRuntime, msg: Contribution, size: int) -> None:
-    if msg.n_tokens > max(msg.n_steps, 1) * ctx.max_tokens_per_step:
-        raise ProtocolError(
-            f"{msg.n_tokens} tokens in {msg.n_steps} steps: more than "
-            f"{ctx.max_tokens_per_step} tokens per step (synchronizer.max_tokens_per_step) "
-            "cannot come from this run's model and batches; it would outweigh every other "
-            "learner",
-            reason="implausible",
-        )
+def _check_compatible(
+    ctx: Context, rt: FragmentRuntime, msg: Contribution, entry: Entry, size: int
+) -> None:
+    why = implausible(
+        msg,
+        max_tokens_per_step=ctx.max_tokens_per_step,
+        max_steps_per_s=ctx.sync.max_steps_per_s,
+        trained_for_s=rt.trained_for_s(msg.base_version, entry.id),
+    )
+    if why is not None:
+        raise ProtocolError(why, reason="implausible")
     if msg.config_digest != ctx.digest:
         raise IncompatibleMessage(
             f"config digest {msg.config_digest} differs from the run's {ctx.digest}"
@@ -129,18 +134,6 @@ def _check_compatible(ctx: Context, rt: FragmentRuntime, msg: Contribution, size
         raise IncompatibleMessage(
             f"{size} elements; fragment {rt.fragment_id} has {rt.fragment.size}"
         )
-
-
-def _meta(msg: Contribution, entry: Entry) -> ContributionMeta:
-    return ContributionMeta(
-        learner_id=msg.learner_id,
-        fragment_id=msg.fragment_id,
-        round_id=msg.round_id,
-        base_version=msg.base_version,
-        n_steps=msg.n_steps,
-        n_tokens=msg.n_tokens,
-        entry_id=entry.id,
-    )
 
 
 def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected]) -> None:
