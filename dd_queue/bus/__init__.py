@@ -5,6 +5,7 @@ each as one class in one module (``redis_streams``, ``memory``); ``ops`` holds t
 written once on top of it. ``InvalidArgument`` lives in ``dd_queue.errors`` and is re-exported.
 """
 
+from dd_queue.bus._values import stream_id_ms
 from dd_queue.bus.base import Bus
 from dd_queue.bus.commit_ops import (
     AckOp,
@@ -58,4 +59,5 @@ __all__ = [
     "RedisBus",
     "RedisOptions",
     "SetOp",
+    "stream_id_ms",
 ]

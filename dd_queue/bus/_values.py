@@ -97,6 +97,15 @@ def parse_stream_id(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
+def stream_id_ms(stream_id: str) -> int:
+    """The milliseconds part of a stream id: the bus's clock when the entry was appended.
+
+    Raises:
+        InvalidArgument: ``stream_id`` is not a stream id.
+    """
+    return parse_stream_id(stream_id)[0]
+
+
 def format_stream_id(parsed: tuple[int, int]) -> str:
     """``(ms, seq)`` → ``"<ms>-<seq>"``."""
     return f"{parsed[0]}-{parsed[1]}"
@@ -109,5 +118,6 @@ __all__ = [
     "check_stream_id",
     "format_stream_id",
     "parse_stream_id",
+    "stream_id_ms",
     "ttl_ms",
 ]

@@ -456,6 +456,14 @@ class SynchronizerConfig(_Section):
         "implausible (0: 1024 × data.batch_size × the model's seq_len, room for big DDP groups).",
     )
 
+    max_steps_per_s: float = Field(
+        10_000.0,
+        gt=0,
+        description="A contribution claiming more inner steps than this many a second since its "
+        "base version was published is dead-lettered as implausible (measured on the bus's "
+        "clock; far above any real step rate).",
+    )
+
     def policy_params(self) -> PolicyParams:
         """The core policy's knobs, which mirror this section's field names."""
         names = PolicyParams.__dataclass_fields__

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dd_queue.bus import BlobRef, CommitOp, Entry, Lease, SetOp, ops
+from dd_queue.bus import BlobRef, CommitOp, Entry, Lease, SetOp, ops, stream_id_ms
 from dd_queue.core.anchor import VersionRing
 from dd_queue.core.blockwise import Delta
 from dd_queue.core.fragments import Fragment, FragmentPlan, flatten_fragment
@@ -24,7 +24,7 @@ from dd_queue.core.merge import F32, F64
 from dd_queue.core.outer import NesterovState
 from dd_queue.core.policy import Decision
 from dd_queue.core.rounds import RoundState
-from dd_queue.errors import ConfigError
+from dd_queue.errors import ConfigError, ProtocolError
 from dd_queue.fragment_state import FragmentState, fragment_of, segments_of
 from dd_queue.messages import (
     Contribution,
@@ -103,6 +103,10 @@ class FragmentRuntime:
         settled: Entries to ack with their outcome in the next commit.
         known: Entry ids read and not yet committed (redeliveries are skipped).
         decision: The policy's last decision for the open round.
+        published_ms: When each recent version's ``down`` notice was committed (its stream id's
+            milliseconds, the bus's clock), for the versions this lifetime saw published: the
+            current one at load, then each merge's. Bounds how long a contribution can have
+            trained (``trained_for_s``).
     """
 
     fragment: Fragment
@@ -117,10 +121,19 @@ class FragmentRuntime:
     settled: list[Settled] = field(default_factory=list)
     known: set[str] = field(default_factory=set)
     decision: Decision | None = None
+    published_ms: dict[int, int] = field(default_factory=dict)
 
     @property
     def fragment_id(self) -> int:
         return self.fragment.index
+
+    def trained_for_s(self, base_version: int, entry_id: str) -> float | None:
+        """Seconds from ``base_version``'s publication to the arrival of the contribution entry
+        ``entry_id`` (both on the bus's clock), or None when that publication is not known."""
+        published = self.published_ms.get(base_version)
+        if published is None:
+            return None
+        return (stream_id_ms(entry_id) - published) / 1000.0
 
     def status(self) -> FragmentStatus:
         """Version, open round, held learners and the last decision's (or commit's) reason."""
@@ -205,13 +218,18 @@ class FragmentRuntime:
         next_round_id: int,
         now: float,
         entry_ids: Iterable[str],
+        notice_id: str,
     ) -> list[Delta]:
-        """The merge's commit is in: take its version, open the placeholder of the fragment's
-        next round. Returns the arrays nothing reads any more (for the buffer pool)."""
+        """The merge's commit is in (``notice_id``: its ``down`` notice's stream id): take its
+        version, open the placeholder of the fragment's next round. Returns the arrays nothing
+        reads any more (for the buffer pool)."""
         replaced: list[Delta] = [self.theta, self.momentum.momentum_buffer]
         replaced += [h.delta for h in self.held.values()]
         self.theta, self.momentum, self.state = theta, momentum, state
         self.ring.push(state.version, theta)
+        self.published_ms[state.version] = stream_id_ms(notice_id)
+        for old in [v for v in self.published_ms if v < self.ring.versions[0]]:
+            del self.published_ms[old]  # versions out of the ring
         self.round = self.round.after_merge(round_id=next_round_id, opened_at_s=now)
         self.announced, self.decision, self.held, self.settled = False, None, {}, []
         self.forget(entry_ids)
@@ -355,6 +373,7 @@ def load_fragment(
         auth=ctx.auth,
     )
     momentum = blobs.load_momentum(ctx.bus, state, size=fragment.size)
+    published = _published_ms(ctx, state)
     log.info(
         "fragment.loaded %d: version %d, ring v%s..v%d",
         state.fragment_id,
@@ -370,4 +389,18 @@ def load_fragment(
         momentum=momentum,
         ring=ring,
         round=round_state,
+        published_ms=published,
     )
+
+
+def _published_ms(ctx: Context, state: FragmentState) -> dict[int, int]:
+    """``{version: ms}`` of the current version, from the latest ``down`` notice of the
+    fragment when it announces that version; empty when it does not (trimmed, or unreadable)."""
+    entry = ctx.bus.read_latest(ctx.bus.keys.down(state.fragment_id))
+    if entry is None:
+        return {}
+    try:
+        notice = GlobalFragment.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
+    except ProtocolError:
+        return {}
+    return {state.version: stream_id_ms(entry.id)} if notice.version == state.version else {}

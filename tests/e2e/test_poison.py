@@ -7,6 +7,7 @@ straight into Redis mid-run, with the project's own encoders:
 
 - a contribution whose values are finite but ≈3e38 (fp32): its merge overflows float32;
 - a contribution claiming 2^62 tokens: implausible for this model and batch size;
+- one claiming 2^40 steps since a version published seconds before: implausible in that time;
 - the current Θ_p blob of fragment 0 and the momentum blob of fragment 1 overwritten with
   garbage, then the synchronizer killed with SIGKILL and started again (no supervisor here: the
   test restarts it, as an operator or the Procfile would): it must restore Θ_p from an older
@@ -240,6 +241,19 @@ def test_an_implausible_token_count_is_dead_lettered(
     check_poison_refused(
         system, forger, cfg, small, "implausible: 4611686018427387904 tokens", n_tokens=2**62
     )
+
+
+def test_more_steps_than_the_time_since_its_base_allows_are_dead_lettered(
+    system: System, forger: RedisBus, cfg: DDQConfig
+) -> None:
+    """2^40 steps (one token each, so the token bound holds) since a version published seconds
+    ago: far more than ``synchronizer.max_steps_per_s`` allows."""
+    size = state_of(forger, cfg, 0).ring[-1].tensor.n_elements
+    small = np.full(size, 1e-3, np.float32)
+    check_poison_refused(
+        system, forger, cfg, small, "implausible: 1099511627776 steps since version",
+        n_steps=2**40, n_tokens=2**40,
+    )  # fmt: skip
 
 
 def overwrite(url: str, key: str, n_chunks: int, chunk_bytes: int) -> None:

@@ -196,6 +196,35 @@ def test_an_implausible_token_count_is_dead_lettered_not_weighted(bus, run_id):
     assert [c.learner_id for c in record.contributors] == ["L0"], record
 
 
+def test_more_steps_than_time_allows_are_dead_lettered_before_and_after_a_restart(bus, run_id):
+    """At most ``max_steps_per_s`` steps a second since the base version was published (bus
+    clock): a claim of 10^6 steps moments after v0's notice is refused as implausible while an
+    honest one merges. After a restart the current version's publication comes from its
+    ``down`` notice, so the bound still holds for contributions based on it."""
+    cfg = make_config(run_id, quorum=1, grace_cap_s=0.0, max_steps_per_s=100.0)
+    sync = start(bus, cfg)
+    size = size_of(cfg, 0)
+    for restarted in (False, True):
+        version = latest_global(bus, cfg, 0)[0].version
+        r = announced_round(sync, 0)
+        forged = contribute(bus, cfg, learner_id="L1", fragment_id=0, round_id=r,
+                            base_version=version, delta=np.full(size, 0.01, np.float32),
+                            n_steps=10**6, n_tokens=10**6)  # fmt: skip
+        letters = len(dead_letters(bus, 0))
+        pump_until(sync, lambda n=letters: len(dead_letters(bus, 0)) > n, 10.0, "a dead letter")
+        letter = dead_letters(bus, 0)[-1]
+        assert letter.fields["ddq.dlq.id"].decode() == forged, restarted
+        why = letter.fields["ddq.dlq.reason"].decode()
+        assert why.startswith(f"implausible: 1000000 steps since version {version}, published "), (
+            why
+        )
+        assert "more than 100 steps per second (synchronizer.max_steps_per_s)" in why
+        _merge_one(sync, bus, cfg, "L0", version)  # 4 steps: well inside the bound
+        sync.close()
+        sync = start(bus, cfg)
+    sync.close()
+
+
 def _merge_one(sync: Synchronizer, bus, cfg, learner: str, base: int) -> None:
     """Contribute to fragment 0's next round until it merges a contribution."""
     merged = sum(r.decision == "merge" and bool(r.contributors) for r in records(bus, cfg, 0))
