@@ -88,7 +88,7 @@ def commit_merge(
         DeleteOp(blobs.delete_keys_of([*evicted, state.momentum_ref])),
     ]
     ctx.fault("before_commit")
-    result = bus.commit(rt.lease, commit_ops, commit_id=f"{p}:{r}:{version}")
+    committed = bus.commit(rt.lease, commit_ops, commit_id=f"{p}:{r}:{version}")
     ctx.fault("after_commit")
     # Committed: the in-memory runtime takes the new version.
     replaced = rt.after_merge(
@@ -98,7 +98,7 @@ def commit_merge(
         next_round_id=r + ctx.sync.n_fragments,
         now=now,
         entry_ids=entry_ids,
-        notice_id=result.entry_ids[0],  # the first append: the down notice
+        notice_id=committed.entry_ids[0],  # the first append: the down notice
     )
     ctx.buffers.give([*replaced, merged.scratch])  # nothing reads them any more
     _delete_payloads(ctx, rt, [*(h.blob for h in held), *(s.blob for s in settled)])
