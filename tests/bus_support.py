@@ -5,9 +5,13 @@
   publish a ``down`` notice without running one.
 - ``dead_letter``: move one pending entry to a dead-letter stream and ack it, through the one
   way the bus offers (a fenced commit of a ``DeadLetterOp``, under a lease of its own).
+- ``pending_ids``: the ids a Redis consumer group still holds pending (``XPENDING``, through a
+  plain redis-py client: the bus itself only reports a summary).
 """
 
 from __future__ import annotations
+
+import redis
 
 from dd_queue.auth import OPEN, Auth
 from dd_queue.bus import Bus, DeadLetterOp, Entry, Lease
@@ -69,3 +73,18 @@ def dead_letter(bus: Bus, entry: Entry, *, group: str, dlq: str, reason: str) ->
         bus.release_lease(lease)
     [entry_id] = result.entry_ids
     return entry_id
+
+
+def pending_ids(url: str, stream: str, group: str) -> list[str]:
+    """Ids of every entry of ``stream`` delivered to ``group`` and not yet acked, in id order
+    (empty when the stream or the group does not exist)."""
+    client = redis.Redis.from_url(url)
+    try:
+        rows = client.xpending_range(stream, group, "-", "+", 1_000_000)
+    except redis.ResponseError as exc:
+        if "NOGROUP" in str(exc):
+            return []
+        raise
+    finally:
+        client.close()
+    return [row["message_id"].decode() for row in rows]

@@ -42,7 +42,6 @@ from dd_queue.bus.types import (
     Entry,
     HeartbeatInfo,
     Lease,
-    PendingEntry,
     PendingSummary,
     Reclaimed,
 )
@@ -173,19 +172,6 @@ class Bus(Protocol):
     def pending_summary(self, stream: str, group: str) -> PendingSummary:
         """Count of pending entries per consumer (``XPENDING`` summary). Read-only: a missing
         group or stream reads as empty and is not created."""
-        ...
-
-    def pending(
-        self,
-        stream: str,
-        group: str,
-        *,
-        count: int = 100,
-        consumer: str | None = None,
-        min_idle_ms: int = 0,
-    ) -> list[PendingEntry]:
-        """Pending entries in id order with owner, idle time and delivery count. Read-only: a
-        missing group or stream reads as empty and is not created."""
         ...
 
     # ── plain values ──────────────────────────────────────────────────────────────────────

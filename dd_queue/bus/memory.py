@@ -61,7 +61,6 @@ from dd_queue.bus.types import (
     Entry,
     HeartbeatInfo,
     Lease,
-    PendingEntry,
     PendingSummary,
     Reclaimed,
 )
@@ -274,32 +273,6 @@ class MemoryBus:
                 format_stream_id(ordered[-1]),
                 per_consumer,
             )
-
-    def pending(
-        self,
-        stream: str,
-        group: str,
-        *,
-        count: int = 100,
-        consumer: str | None = None,
-        min_idle_ms: int = 0,
-    ) -> list[PendingEntry]:
-        with self._cond:
-            grp = self._existing_group(stream, group)
-            if grp is None:
-                return []
-            now = self._clock.now()
-            out: list[PendingEntry] = []
-            for pending_id in sorted(grp.pel):
-                p = grp.pel[pending_id]
-                idle_ms = p.idle_ms(now)
-                if (consumer is None or p.consumer == consumer) and idle_ms >= min_idle_ms:
-                    out.append(
-                        PendingEntry(format_stream_id(pending_id), p.consumer, idle_ms, p.count)
-                    )
-                    if len(out) >= count:
-                        break
-            return out
 
     # ── plain values ──────────────────────────────────────────────────────────────────────
     def get(self, key: str) -> bytes | None:

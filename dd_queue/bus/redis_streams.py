@@ -18,7 +18,7 @@ Facts that shape it (measured in research/redis-pipeline.md):
   through the payload client, heartbeats through their own, all else through the control client.
 * A restart without persistence drops streams and groups: commands that act for a consumer
   (reading, re-reading its pending entries, reclaiming) recreate a group that hit NOGROUP at
-  id 0 and retry once; read-only inspection (``pending_summary``, ``pending``) never creates
+  id 0 and retry once; read-only inspection (``pending_summary``) never creates
   anything: a missing group or stream reads as empty. Lua scripts are re-sent on NOSCRIPT by
   redis-py.
 * Fenced commits, leases and heartbeats are Lua scripts (``_scripts``).
@@ -412,26 +412,6 @@ class RedisBus:
         except NoGroup:
             return PendingSummary(0, None, None, {})
         return _replies.pending_summary(raw)
-
-    def pending(
-        self,
-        stream: str,
-        group: str,
-        *,
-        count: int = 100,
-        consumer: str | None = None,
-        min_idle_ms: int = 0,
-    ) -> list[PendingEntry]:
-        try:
-            raw = self._conn.call(
-                "pending",
-                lambda: self._conn.control.xpending_range(
-                    stream, group, "-", "+", count, consumername=consumer, idle=min_idle_ms or None
-                ),
-            )
-        except NoGroup:
-            return []
-        return _replies.pending_range(raw)
 
     # ── plain values ──────────────────────────────────────────────────────────────────────
     def get(self, key: str) -> bytes | None:

@@ -29,6 +29,7 @@ from dd_queue.config import DDQConfig, load_config
 from dd_queue.errors import DDQError
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Heartbeat, RoundRecord
+from tests.bus_support import pending_ids
 from tests.e2e.test_faults_http_support import write_config
 from tests.integration.conftest import require_redis_server
 from tests.redisproc import RedisProcess, free_port
@@ -126,9 +127,9 @@ class Run:
     def pending_ids(self) -> set[str]:
         """Ids of every contribution entry delivered to a synchronizer and not yet acked."""
         return {
-            e.id
+            e
             for p in range(self.cfg.synchronizer.n_fragments)
-            for e in self.bus.pending(self.bus.keys.up(p), SYNC_GROUP, count=100_000)
+            for e in pending_ids(self.redis.url, self.bus.keys.up(p), SYNC_GROUP)
         }
 
     def close(self) -> None:
@@ -243,7 +244,7 @@ def _check_invariants(run: Run) -> None:
             for e in run.bus.read(run.bus.keys.dlq(p), count=100_000)
         }
         sent = {e.id for e in run.bus.read(run.bus.keys.up(p), count=100_000)}
-        held = {e.id for e in run.bus.pending(run.bus.keys.up(p), SYNC_GROUP, count=100_000)}
+        held = set(pending_ids(run.redis.url, run.bus.keys.up(p), SYNC_GROUP))
         assert not held, f"fragment {p}: {len(held)} still pending"
         lost = sent - set(settled) - dlq
         assert not lost, f"fragment {p}: contributions neither settled nor dead-lettered: {lost}"

@@ -15,7 +15,7 @@ import redis
 from dd_queue.bus import AckOp, AppendOp, Entry, RedisBus, RedisOptions, SetOp, ops
 from dd_queue.errors import BlobMissing, BusError, BusUnavailable, ConfigError, LeaseLost
 from dd_queue.keys import SYNC_GROUP
-from tests.bus_support import stage_global
+from tests.bus_support import pending_ids, stage_global
 from tests.integration.conftest import (
     blocked_clients,
     connections_received,
@@ -248,7 +248,7 @@ def test_aof_keeps_entries_groups_pending_and_blobs_over_a_restart(
         rbus.read_group(up, G, "sync-0", count=2)
         ref = rbus.put_blob(rbus.keys.up_blob(0, 1, "L0"), b"kept", ttl_s=600)
         aof_server.restart(graceful=True)  # SIGTERM: Redis fsyncs the AOF on shutdown
-        assert [p.id for p in rbus.pending(up, G)] == ids[:2]
+        assert pending_ids(aof_server.url, up, G) == ids[:2]
         assert [e.id for e in rbus.read_group(up, G, "sync-0", count=10)] == ids[2:]
         assert rbus.get_blob(ref) == b"kept"
     finally:
