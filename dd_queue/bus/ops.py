@@ -20,7 +20,7 @@ Two levels:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from dd_queue.auth import (
     CONTROL,
@@ -358,6 +358,31 @@ def read_command(
     return cmd
 
 
+def accepted_commands(
+    entries: Iterable[Entry],
+    *,
+    run_id: str,
+    limits: MessageLimits,
+    auth: Auth,
+    fresh: FreshCommands,
+    now_s: float,
+    refused: Callable[[Entry, ProtocolError], None],
+) -> list[FaultCommand]:
+    """The commands among control-stream ``entries`` that ``read_command`` accepts, in order;
+    each refused entry goes to ``refused`` with the reason (the reader counts and reports it)."""
+    found: list[FaultCommand] = []
+    for entry in entries:
+        try:
+            cmd = read_command(
+                entry, run_id=run_id, limits=limits, auth=auth, fresh=fresh, now_s=now_s
+            )
+        except ProtocolError as exc:
+            refused(entry, exc)
+            continue
+        found.append(cmd)
+    return found
+
+
 def heartbeat(bus: Bus, hb: Heartbeat, *, ttl_s: float, auth: Auth = OPEN) -> None:
     """Write ``hb`` as its member's heartbeat, sealed with the writer's key if it has one."""
     data = auth.seal(
@@ -405,6 +430,7 @@ def emit_event(bus: Bus, fields: Mapping[str, bytes], *, maxlen: int | None = 10
 
 __all__ = [
     "BLOB_FIELD",
+    "accepted_commands",
     "blob_ref",
     "emit_event",
     "fetch_blob",

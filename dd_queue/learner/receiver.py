@@ -149,20 +149,15 @@ class Follower:
         self._report(self.refusals.flush(self._now()))  # what an earlier call left pending
         found: list[FaultCommand] = []
         for stream in self.control:
-            for entry in self._read_new(stream):
-                try:
-                    cmd = ops.read_command(
-                        entry,
-                        run_id=self.run_id,
-                        limits=self.limits,
-                        auth=self.auth,
-                        fresh=self._fresh,
-                        now_s=self._wall(),
-                    )
-                except ProtocolError as exc:
-                    self._refused("fault", entry, exc)
-                    continue
-                found.append(cmd)
+            found += ops.accepted_commands(
+                self._read_new(stream),
+                run_id=self.run_id,
+                limits=self.limits,
+                auth=self.auth,
+                fresh=self._fresh,
+                now_s=self._wall(),
+                refused=lambda entry, exc: self._refused("fault", entry, exc),
+            )
         return found
 
     def _decode(self, entries: list[Entry], kind: type[M]) -> Iterator[M]:

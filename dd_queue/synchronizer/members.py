@@ -118,20 +118,18 @@ class Commands:
         """Arm every new fault command addressed to this synchronizer."""
         ctx = self._ctx
         for target in self.TARGETS:
-            for entry in ops.read_commands(ctx.bus, target, after_id=self._after[target]):
-                self._after[target] = entry.id
-                try:
-                    cmd = ops.read_command(
-                        entry,
-                        run_id=ctx.run_id,
-                        limits=ctx.limits,
-                        auth=ctx.auth,
-                        fresh=self._fresh,
-                        now_s=ctx.wall(),
-                    )
-                except ProtocolError as exc:
-                    ctx.refused("fault", entry.id, exc)
-                    continue
+            entries = ops.read_commands(ctx.bus, target, after_id=self._after[target])
+            if entries:
+                self._after[target] = entries[-1].id
+            for cmd in ops.accepted_commands(
+                entries,
+                run_id=ctx.run_id,
+                limits=ctx.limits,
+                auth=ctx.auth,
+                fresh=self._fresh,
+                now_s=ctx.wall(),
+                refused=lambda entry, exc: ctx.refused("fault", entry.id, exc),
+            ):
                 if cmd.target not in (ctx.owner, "synchronizer", "*", "all"):
                     continue
                 if not ctx.cfg.faults.enabled:
