@@ -8,13 +8,31 @@ Import them from :mod:`dd_queue.bus`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dd_queue.bus._values import check_fields, check_key, check_maxlen, check_stream_id, ttl_ms
 from dd_queue.bus.types import Entry
 from dd_queue.errors import InvalidArgument
 from dd_queue.keys import hash_tag
+
+
+def _names(
+    field: str, noun: str, values: Sequence[str], check: Callable[[str, str], object]
+) -> tuple[str, ...]:
+    """``values`` as a tuple, each passing ``check`` (e.g. ``check_key``), named in errors as
+    ``<op> <noun>`` (``field`` is ``<op>.<field>``).
+
+    Raises:
+        InvalidArgument: One string instead of a sequence, or a value ``check`` refuses.
+    """
+    if isinstance(values, str):
+        raise InvalidArgument(f"{field} must be a sequence of {noun}s, not one string")
+    out = tuple(values)
+    what = f"{field.partition('.')[0]} {noun}"
+    for value in out:
+        check(what, value)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +90,7 @@ class AckOp:
     def __post_init__(self) -> None:
         check_key("AckOp.stream", self.stream)
         check_key("AckOp.group", self.group)
-        if isinstance(self.ids, str):
-            raise InvalidArgument("AckOp.ids must be a sequence of ids, not one string")
-        ids = tuple(self.ids)
-        for entry_id in ids:
-            check_stream_id("AckOp id", entry_id)
-        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "ids", _names("AckOp.ids", "id", self.ids, check_stream_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +104,7 @@ class DeleteOp:
     keys: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if isinstance(self.keys, str):
-            raise InvalidArgument("DeleteOp.keys must be a sequence of keys, not one string")
-        keys = tuple(self.keys)
-        for key in keys:
-            check_key("DeleteOp key", key)
-        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "keys", _names("DeleteOp.keys", "key", self.keys, check_key))
 
 
 @dataclass(frozen=True, slots=True)
