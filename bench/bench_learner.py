@@ -33,7 +33,9 @@ per step is the same with sync on (ratio ≈ 1.00 at both sizes).
 Latency: from the synchronizer's ``XADD`` of the ``RoundOpen`` to its blocking ``XREADGROUP``
 returning the contribution (both timed in the synchronizer process): one wait for the next step
 boundary plus encode and send. A private redis-server is started on a free loopback port and
-stopped at the end.
+stopped at the end. With ``--pin`` (the default) its threads share CPU 1 with the pump and the
+stand-in: Redis only works during the "on" blocks, so left to the scheduler it would take time
+from the training thread in those blocks alone (BENCHMARKS.md, the #21 section).
 """
 
 from __future__ import annotations
@@ -158,6 +160,14 @@ def synchronizer(
 TRAINING_CPU, BACKGROUND_CPU = 0, 1
 
 
+def pin_process(pid: int, cpu: int) -> None:
+    """Pin every thread of process ``pid`` to one CPU (Linux; elsewhere a no-op)."""
+    if not hasattr(os, "sched_setaffinity") or cpu not in os.sched_getaffinity(0):
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+
+
 def pin(args: argparse.Namespace, cpu: int) -> None:
     """Pin the calling thread (Linux: affinity is per thread) to one CPU, with ``--pin``."""
     if args.pin and hasattr(os, "sched_setaffinity") and cpu in os.sched_getaffinity(0):
@@ -185,6 +195,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     with RedisProcess() as server, tempfile.TemporaryDirectory() as keys:
+        if args.pin and server.pid is not None:
+            pin_process(server.pid, BACKGROUND_CPU)  # Redis serves the on blocks only
         args.keys_dir = None
         if args.signed:  # the learner signs every contribution and heartbeat, checks globals
             run_id = f"bench{uuid.uuid4().hex[:6]}"
@@ -326,7 +338,9 @@ def summarize(
 
 
 def print_tables(r: dict[str, Any]) -> None:
-    pinning = "training on CPU 0, pump + synchronizer on CPU 1" if r["pinned"] else "no pinning"
+    pinning = (
+        "training on CPU 0; pump, synchronizer and Redis on CPU 1" if r["pinned"] else "no pinning"
+    )
     print(
         f"model {r['preset']} {r['shape']} ({r['params']:,} parameters) on {r['device']}, batch "
         f"{r['batch']} × {r['seq_len']}; P = {r['fragments']}, H = {r['h']}, codec "
@@ -388,7 +402,7 @@ def main() -> None:
         "--pin",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="training on CPU 0; pump threads and synchronizer on CPU 1",
+        help="training on CPU 0; pump threads, synchronizer and Redis on CPU 1",
     )
     parser.add_argument(
         "--busy-control",
