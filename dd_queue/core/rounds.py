@@ -166,11 +166,12 @@ def implausible(
         )
     if trained_for_s is None:
         return None
-    window_s = max(trained_for_s, 0.0) + STEP_SLACK_S
+    trained_s = max(trained_for_s, 0.0)  # an arrival "before" the publication: a restored Redis
+    window_s = trained_s + STEP_SLACK_S
     if claim.n_steps > max_steps_per_s * window_s:
         return (
             f"{claim.n_steps} steps since version {claim.base_version}, published "
-            f"{max(trained_for_s, 0.0):.3f} s before it arrived: more than "
+            f"{trained_s:.3f} s before it arrived: more than "
             f"{max_steps_per_s:g} steps per second (synchronizer.max_steps_per_s) over "
             f"{window_s:.3f} s"
         )
@@ -187,8 +188,9 @@ class ContributionMeta(ContributionClaim):
     def __post_init__(self) -> None:
         if not self.learner_id:
             raise CoreError("learner_id must be a non-empty string")
-        for name in _CLAIM_FIELDS[1:]:
-            _check_count(name, getattr(self, name))
+        for name in _CLAIM_FIELDS:
+            if name != "learner_id":
+                _check_count(name, getattr(self, name))
 
     @classmethod
     def of(cls, claim: ContributionClaim, entry_id: str) -> ContributionMeta:

@@ -396,7 +396,7 @@ def load_fragment(
 def _published_ms(ctx: Context, state: FragmentState) -> dict[int, int]:
     """``{version: ms}`` of the current version, from the latest ``down`` notice of the
     fragment when it announces that version; empty when it does not (trimmed, or unreadable)."""
-    entry = ctx.bus.read_latest(ctx.bus.keys.down(state.fragment_id))
+    entry = ops.latest_global(ctx.bus, state.fragment_id)
     if entry is None:
         return {}
     try:
