@@ -89,6 +89,34 @@ def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
     assert recorded[0]["by"].startswith("dashboard@") and recorded[0]["kind"] == "stall"
 
 
+def test_a_snapshot_from_before_the_chaos_post_does_not_undo_the_toggle(system: System) -> None:
+    """The box the user ticked stays ticked while the POST is in flight, however many snapshots
+    (all still saying "chaos off") arrive meanwhile; once the POST lands the server agrees."""
+    errors: list[str] = []
+    with dashboard_page(system, errors) as page:
+        page.wait_for_selector("#conn.ok")
+        page.evaluate(
+            "() => { window.renders = 0; const draw = window.render;"
+            " window.render = (snap) => { window.renders += 1; draw(snap); }; }"
+        )
+        held: list[Any] = []
+        page.route("**/api/chaos", lambda route: held.append(route))
+        with page.expect_request("**/api/chaos"):
+            page.check("#chaos")
+        page.wait_for_function("() => window.renders >= 2", timeout=30_000)
+        assert system.get("/api/chaos")["active"] is False  # the POST is still held
+        assert page.is_checked("#chaos")
+        held[0].continue_()
+        page.wait_for_selector("#action-msg:has-text('chaos started')")
+        page.wait_for_selector("#chaos-status:has-text('running')")
+        assert page.is_checked("#chaos")
+        page.unroute("**/api/chaos")
+        page.uncheck("#chaos")
+        page.wait_for_selector("#action-msg:has-text('chaos stopped')")
+        wait_until(lambda: system.get("/api/chaos")["active"] is False, 10, "chaos off")
+    assert not errors, errors
+
+
 FAULT_KINDS = ("stall", "slow", "drop", "delay", "corrupt", "disconnect", "kill")
 
 

@@ -13,6 +13,9 @@ const CONFIG = { displayModeBar: false, responsive: true };
 const $ = (id) => document.getElementById(id);
 const rows = new Map();
 let chaosActive = false;
+// The chaos toggle the user just set, until a snapshot agrees with it: a snapshot taken before
+// the POST landed must not flip the box back. {want, until}; until is Infinity while in flight.
+let chaosIntent = null;
 
 function el(tag, text, cls) {
   const node = document.createElement(tag);
@@ -113,7 +116,8 @@ function renderSummary(s) {
   }));
   $("run").textContent = `run ${s.run_id} · config ${s.config_digest}`;
   chaosActive = s.chaos.active;
-  $("chaos").checked = chaosActive;
+  if (chaosIntent && (chaosIntent.want === chaosActive || Date.now() > chaosIntent.until)) chaosIntent = null;
+  $("chaos").checked = chaosIntent ? chaosIntent.want : chaosActive;
   $("chaos-status").textContent = s.chaos.schedule
     ? `${s.chaos.active ? "running" : "last"} ${s.chaos.schedule.schedule_id}: ${s.chaos.fired}/${s.chaos.schedule.planned} fired` : "";
 }
@@ -208,10 +212,13 @@ function setup() {
   $("token").addEventListener("change", () => sessionStorage.setItem("ddq-token", token()));
   $("chaos").addEventListener("change", async (e) => {
     const on = e.target.checked;
+    chaosIntent = { want: on, until: Infinity };
     try {
       await post("/api/chaos", on ? CHAOS : { action: "stop", by: "dashboard" });
+      chaosIntent.until = Date.now() + 5000;
       say(on ? "chaos started" : "chaos stopped");
     } catch (err) {
+      chaosIntent = null;
       e.target.checked = chaosActive;
       say("chaos refused: " + err.message, true);
     }
