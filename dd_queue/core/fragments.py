@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +138,7 @@ def plan_fragments(
     *,
     isolate_embeddings: bool = False,
     embedding_patterns: Sequence[str] = DEFAULT_EMBEDDING_PATTERNS,
+    embedding_names: Collection[str] = (),
 ) -> FragmentPlan:
     """Split a model into P fragments by balanced tensor fragmentation (greedy LPT).
 
@@ -148,6 +149,8 @@ def plan_fragments(
             P·E/T rounded (E embedding elements, T all elements), kept within what both
             kinds can fill.
         embedding_patterns: Substrings that mark a tensor name as an embedding.
+        embedding_names: Tensors that are embeddings whatever their names (the model
+            builder finds them by module type: ``models.builder.embedding_names``).
 
     Returns:
         The frozen plan.
@@ -162,7 +165,7 @@ def plan_fragments(
             f"n_fragments={n_fragments} must be between 1 and {n_nonempty} (the number of "
             "non-empty tensors): whole tensors are packed, so there cannot be more fragments"
         )
-    emb = {n for n in sizes if any(p in n for p in embedding_patterns)}
+    emb = {n for n in sizes if n in embedding_names or any(p in n for p in embedding_patterns)}
     groups = _isolated_groups(sizes, emb, n_fragments) if isolate_embeddings else None
     if groups is None:
         bins = _lpt(sizes, n_fragments)

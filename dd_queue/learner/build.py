@@ -21,7 +21,7 @@ from dd_queue.keys import check_name
 from dd_queue.learner.checkpoint import LocalCheckpoint
 from dd_queue.learner.dist import Group
 from dd_queue.learner.learner import Learner
-from dd_queue.models import build_model
+from dd_queue.models.builder import build
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
@@ -64,7 +64,7 @@ def shard_for(
 
 def build_loader_for(cfg: DDQConfig, learner_id: str, group: Group) -> Iterator[Batch]:
     """This rank's batches of the learner's shard."""
-    spec = cfg.model.spec()
+    spec = cfg.model.architecture()
     shard = shard_for(
         learner_id,
         n_learners=cfg.membership.expected_learners,
@@ -86,7 +86,7 @@ def build_learner(
     device: torch.device,
 ) -> Learner:
     """A ``Learner`` with the configured model (parameters are replaced at ``join``)."""
-    model = build_model(cfg.model.preset, seed=cfg.run.seed, device=device, **cfg.model.overrides())
+    model = build(cfg.model.architecture(), seed=cfg.run.seed, device=device)
     directory = cfg.learner.checkpoint_dir
     checkpoint = (
         LocalCheckpoint(directory, run_id=cfg.run.run_id, learner_id=learner_id, rank=group.rank)

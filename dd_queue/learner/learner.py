@@ -52,6 +52,7 @@ from dd_queue.learner.params import FragmentParams
 from dd_queue.learner.pump import Pump, PumpReport
 from dd_queue.learner.wiring import build_pump
 from dd_queue.messages import Heartbeat
+from dd_queue.models.builder import embedding_names
 
 if TYPE_CHECKING:
     from dd_queue.startup import Stop
@@ -146,7 +147,10 @@ class Learner:
         shapes = shapes_from_named((n, p.shape) for n, p in model.named_parameters())
         try:  # the same call as the synchronizer's, so both derive the same plan
             self.plan = plan_fragments(
-                shapes, sync.n_fragments, embedding_patterns=sync.embedding_patterns
+                shapes,
+                sync.n_fragments,
+                embedding_patterns=sync.embedding_patterns,
+                embedding_names=embedding_names(model),
             )
         except CoreError as exc:
             raise ConfigError(f"synchronizer.n_fragments={sync.n_fragments}: {exc}") from exc

@@ -19,7 +19,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import plan_fragments, shapes_from_named
 from dd_queue.data import Batch, Dataset, ShardLoader
 from dd_queue.learner.params import FragmentParams
-from dd_queue.models import build_model
+from dd_queue.models.builder import build, embedding_names
 
 __all__ = ["EvalPoint", "GlobalEvaluator"]
 
@@ -58,11 +58,16 @@ class GlobalEvaluator:
     def __init__(
         self, cfg: DDQConfig, dataset: Dataset, *, batch_size: int, n_batches: int
     ) -> None:
-        self.model = build_model(cfg.model.preset, seed=cfg.run.seed, **cfg.model.overrides())
+        self.model = build(cfg.model.architecture(), seed=cfg.run.seed)
         self.model.eval()
         sync = cfg.synchronizer
         shapes = shapes_from_named((n, p.shape) for n, p in self.model.named_parameters())
-        plan = plan_fragments(shapes, sync.n_fragments, embedding_patterns=sync.embedding_patterns)
+        plan = plan_fragments(
+            shapes,
+            sync.n_fragments,
+            embedding_patterns=sync.embedding_patterns,
+            embedding_names=embedding_names(self.model),
+        )
         self.params = FragmentParams(plan, self.model)
         loader = ShardLoader(dataset, batch_size=batch_size, eval_fraction=cfg.data.eval_fraction)
         self.batches: list[Batch] = list(loader.eval_batches(max_batches=n_batches))

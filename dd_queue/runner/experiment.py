@@ -96,7 +96,7 @@ def _learner_batch(cfg: DDQConfig, spec: RunnerSpec) -> int:
 
 
 def _dataset(cfg: DDQConfig, cache: dict[tuple[str, int], Dataset]) -> Dataset:
-    model = cfg.model.spec()
+    model = cfg.model.architecture()
     data = cfg.data.spec(vocab_size=model.vocab_size)
     key = (repr((data.source, data.path, data.max_bytes, data.suffixes)), model.seq_len)
     if key not in cache:

@@ -332,7 +332,7 @@ class Runner:
             "synchronizer": {k: getattr(sync, k) for k in _REPORTED_SYNC_FIELDS},
             "codec": self.cfg.wire.codec,
             "batch_size": self.cfg.data.batch_size,
-            "seq_len": self.cfg.model.spec().seq_len,
+            "seq_len": self.cfg.model.architecture().seq_len,
         }
         return RunResult(
             name=self.name,

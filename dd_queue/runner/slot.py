@@ -22,7 +22,7 @@ from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
 from dd_queue.data import Batch
 from dd_queue.learner import Learner, StepReport
-from dd_queue.models import build_model
+from dd_queue.models.builder import build
 from dd_queue.runner.ledger import IntervalLog
 from dd_queue.runner.timing import FailureClock, StepTimer
 
@@ -110,7 +110,7 @@ class LearnerSlot:
         Returns:
             When the first step finishes computing, virtual seconds.
         """
-        model = build_model(cfg.model.preset, seed=cfg.run.seed, **cfg.model.overrides())
+        model = build(cfg.model.architecture(), seed=cfg.run.seed)
         self.learner = Learner(
             cfg,
             learner_id=self.learner_id,

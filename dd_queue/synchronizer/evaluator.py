@@ -60,12 +60,12 @@ class Evaluator:
         import torch
 
         from dd_queue.data import ShardLoader, build_dataset
-        from dd_queue.models import build_model
+        from dd_queue.models.builder import build
 
         torch.set_num_threads(1)
         self.cfg, self.bus = cfg, bus
-        spec = cfg.model.spec()
-        self.model = build_model(spec, seed=cfg.run.seed, device="cpu").eval()
+        spec = cfg.model.architecture()
+        self.model = build(spec, seed=cfg.run.seed, device="cpu").eval()
         data = cfg.data.spec(vocab_size=spec.vocab_size)
         loader = ShardLoader(
             build_dataset(data, seq_len=spec.seq_len),

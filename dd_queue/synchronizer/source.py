@@ -40,6 +40,11 @@ class ModelSource(Protocol):
         """Parameter name → initial float32 values (may be expensive: called on creation only)."""
         ...
 
+    def embedding_names(self) -> frozenset[str]:
+        """Tensors the architecture's embedding modules hold (merged by the weighted mean,
+        whatever their names): learners find the same by module type."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ArraySource:
@@ -48,13 +53,19 @@ class ArraySource:
     Attributes:
         values: Parameter name → array (converted to float32 when read).
         origin: Description for logs.
+        embeddings: Tensors of the architecture's embedding modules (``load_init`` fills it
+            from the config's model; empty: the name patterns alone decide).
     """
 
     values: Mapping[str, npt.ArrayLike]
     origin: str = "arrays"
+    embeddings: frozenset[str] = frozenset()
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(np.shape(a)) for name, a in self.values.items()}
+
+    def embedding_names(self) -> frozenset[str]:
+        return self.embeddings
 
     def arrays(self) -> Arrays:
         return {name: np.asarray(a, dtype=np.float32) for name, a in self.values.items()}
@@ -62,7 +73,8 @@ class ArraySource:
 
 @dataclass(slots=True)
 class ConfigModelSource:
-    """The config's model (preset + overrides), initialised with the run's seed on the CPU.
+    """The config's model (any source: ``models/builder.py``), initialised with the run's seed
+    on the CPU.
 
     Attributes:
         model: The ``model`` section.
@@ -71,36 +83,50 @@ class ConfigModelSource:
 
     model: ModelConfig
     seed: int
-    _shapes: dict[str, tuple[int, ...]] | None = field(default=None, init=False)
+    _layout: tuple[dict[str, tuple[int, ...]], frozenset[str]] | None = field(
+        default=None, init=False
+    )
 
     @property
     def origin(self) -> str:
-        return f"model {self.model.preset} seed {self.seed}"
+        return f"model {self.model.architecture().describe()} seed {self.seed}"
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        if self._shapes is None:
-            from dd_queue.models import build_model  # torch: only where a model is needed
+        return dict(self._meta()[0])
 
-            meta = build_model(self.model.spec(), device="meta")
-            self._shapes = {name: tuple(p.shape) for name, p in meta.named_parameters()}
-        return dict(self._shapes)
+    def embedding_names(self) -> frozenset[str]:
+        """The parameters of the model's embedding modules (as the learners find them)."""
+        return self._meta()[1]
+
+    def _meta(self) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+        if self._layout is None:
+            from dd_queue.models.builder import build, embedding_names  # torch: only here
+
+            meta = build(self.model.architecture(), device="meta")
+            shapes = {name: tuple(p.shape) for name, p in meta.named_parameters()}
+            self._layout = (shapes, embedding_names(meta))
+        return self._layout
 
     def arrays(self) -> Arrays:
-        from dd_queue.models import build_model
+        from dd_queue.models.builder import build
 
-        model = build_model(self.model.spec(), seed=self.seed, device="cpu")
+        model = build(self.model.architecture(), seed=self.seed, device="cpu")
         return {name: p.detach().float().numpy().copy() for name, p in model.named_parameters()}
 
 
 def plan_of(source: ModelSource, sync: SynchronizerConfig) -> FragmentPlan:
-    """The fragment plan of ``source``'s parameters, as learners compute it.
+    """The fragment plan of ``source``'s parameters, as learners compute it (their embedding
+    modules found by type: ``source.embedding_names()``).
 
     Raises:
         ConfigError: ``n_fragments`` does not fit the model.
     """
     try:
         return plan_fragments(
-            source.shapes(), sync.n_fragments, embedding_patterns=sync.embedding_patterns
+            source.shapes(),
+            sync.n_fragments,
+            embedding_patterns=sync.embedding_patterns,
+            embedding_names=source.embedding_names(),
         )
     except CoreError as exc:  # name the config field to change
         raise ConfigError(f"synchronizer.n_fragments={sync.n_fragments}: {exc}") from exc
