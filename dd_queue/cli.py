@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.acl",
     "dd_queue.auth",
     "dd_queue.control.cli",
+    "dd_queue.data.cli",
     "dd_queue.learner.cli",
     "dd_queue.runner.cli",
     "dd_queue.sim.cli",

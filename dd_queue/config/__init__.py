@@ -30,6 +30,7 @@ from dd_queue.config.schema import (
     RunConfig,
     SynchronizerConfig,
     WireConfig,
+    digest_mismatch,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "SynchronizerConfig",
     "WireConfig",
     "config_path",
+    "digest_mismatch",
     "load_config",
     "preset_names",
     "validate_config",

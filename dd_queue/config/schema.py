@@ -33,9 +33,38 @@ from dd_queue.data import DataSpec
 from dd_queue.errors import ConfigError
 from dd_queue.keys import check_name
 from dd_queue.messages import MessageLimits
+from dd_queue.models.arch import DEFAULT_SEQ_LEN, Architecture, parse_factory, read_hf_config
 from dd_queue.models.spec import ModelSpec, resolve_spec
 
 MiB = 1024 * 1024
+RUN_DIGEST_PARTS = ("run_id", "model", "plan", "data", "expected_learners")
+_PART_SETTINGS = {
+    "run_id": "run.run_id",
+    "model": "the model (model.*)",
+    "plan": "the fragment plan (synchronizer.n_fragments, sync_every_steps, schedule, "
+    "embedding_patterns)",
+    "data": "the data (data.source and what picks its examples, or for prepared data the "
+    "dataset fingerprint and the tokenizer)",
+    "expected_learners": "membership.expected_learners (it deals the data shards: learners "
+    "that disagree train on overlapping data)",
+}
+
+
+def _hash8(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:8]
+
+
+def digest_mismatch(ours: str, theirs: str) -> str:
+    """Which settings two run digests disagree on, in words ("" if they are equal)."""
+    if ours == theirs:
+        return ""
+    a, b = ours.split("-"), theirs.split("-")
+    if len(a) != len(b) or len(a) != len(RUN_DIGEST_PARTS):
+        return "the digest format (another dd_queue version?)"
+    return "; ".join(
+        _PART_SETTINGS[p] for p, x, y in zip(RUN_DIGEST_PARTS, a, b, strict=True) if x != y
+    )
 
 
 class _Section(BaseModel):
@@ -272,11 +301,31 @@ class WireConfig(_Section):
 
 
 class ModelConfig(_Section):
-    """The model every learner trains: a preset, with optional shape overrides (null = preset's)."""
+    """The model every learner trains: a preset with optional shape overrides (null = preset's),
+    a Hugging Face causal-LM config, or a factory of your own (``models/arch.py``)."""
 
+    source: Literal["preset", "hf", "module"] = Field(
+        "preset", description="preset (below), hf (hf_config/hf_options) or module (factory)."
+    )
     preset: str = Field(
         "gpt-tiny",
         description="Shape by name: gpt-tiny|small|124m|1b, moe-tiny|small, vit-tiny|small.",
+    )
+    hf_config: str | None = Field(
+        None, description="hf: a local directory holding config.json, or the file itself."
+    )
+    hf_options: dict[str, Any] = Field(
+        default_factory=dict, description="hf: config keys set on top (alone: the whole config)."
+    )
+    factory: str | None = Field(
+        None, description="module: 'package.module:callable' returning an nn.Module."
+    )
+    factory_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="module: keyword arguments of the factory."
+    )
+    adapter: Literal["logits", "batch"] = Field(
+        "logits",
+        description="module: model(inputs) gives logits, or model(batch) gives the loss.",
     )
     n_layers: int | None = Field(None, ge=1, description="Transformer blocks.")
     d_model: int | None = Field(None, ge=8, description="Hidden width.")
@@ -298,18 +347,67 @@ class ModelConfig(_Section):
     autocast: Literal["bf16", "off"] = Field("bf16", description="bf16 autocast on CUDA.")
 
     def overrides(self) -> dict[str, Any]:
-        """The shape fields that are set, as ``build_model`` keyword arguments."""
-        skip = {"preset", "compile", "autocast"}
-        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
+        """The preset shape fields that are set, as ``build_model`` keyword arguments."""
+        shape = {f.name for f in dataclasses.fields(ModelSpec)}
+        return {k: v for k, v in self.model_dump().items() if k in shape and v is not None}
 
     def spec(self) -> ModelSpec:
-        """The resolved model shape (preset + overrides), validated."""
+        """The resolved preset shape (preset + overrides), validated.
+
+        Raises:
+            ConfigError: The source is not ``preset`` (use ``architecture()``).
+        """
+        if self.source != "preset":
+            raise ConfigError(f"model.source is {self.source!r}: it has no preset spec")
         return resolve_spec(self.preset, **self.overrides())
+
+    def architecture(self) -> Architecture:
+        """What every process builds (source, vocabulary, window, identity), validated; an hf
+        source reads its config.json here.
+
+        Raises:
+            ConfigError: An invalid shape, an unreadable or incomplete hf config, a bad
+                factory path, or preset fields set for another source.
+        """
+        if self.source == "preset":
+            spec = self.spec()
+            return Architecture("preset", spec.family, spec.vocab_size, spec.seq_len, spec=spec)
+        stray = sorted(set(self.overrides()) - {"vocab_size", "seq_len"})
+        if stray:
+            where = "model.hf_options" if self.source == "hf" else "model.factory_kwargs"
+            raise ConfigError(
+                f"model.{', model.'.join(stray)} shape a preset; with model.source "
+                f"{self.source!r} set them in {where}"
+            )
+        seq_len = self.seq_len or DEFAULT_SEQ_LEN
+        if self.source == "hf":
+            keys = read_hf_config(self.hf_config, self.hf_options)
+            if self.vocab_size is not None and self.vocab_size != keys["vocab_size"]:
+                raise ConfigError(
+                    f"model.vocab_size {self.vocab_size} differs from the hf config's "
+                    f"vocab_size {keys['vocab_size']}: set it in one place"
+                )
+            return Architecture("hf", "hf", keys["vocab_size"], seq_len, hf_config=keys)
+        if self.factory is None or self.vocab_size is None:
+            raise ConfigError(
+                "model.source 'module' needs model.factory ('package.module:callable') and "
+                "model.vocab_size (the token ids the model embeds)"
+            )
+        parse_factory(self.factory)
+        return Architecture(
+            "module",
+            "module",
+            self.vocab_size,
+            seq_len,
+            factory=self.factory,
+            factory_kwargs=dict(self.factory_kwargs),
+            adapter=self.adapter,
+        )
 
     @model_validator(mode="after")
     def _check_shape(self) -> Self:
         try:
-            self.spec()
+            self.architecture()
         except ConfigError as exc:  # reported by pydantic with the section's path
             raise ValueError(str(exc)) from None
         return self
@@ -318,8 +416,10 @@ class ModelConfig(_Section):
 class DataConfig(_Section):
     """Where training examples come from (nothing is downloaded at run time)."""
 
-    source: Literal["stdlib-text", "text-files", "token-bin", "digits", "npz"] = Field(
-        "stdlib-text", description="Python's own stdlib text, text files, uint16 .bin, or images."
+    source: Literal["stdlib-text", "text-files", "token-bin", "prepared", "digits", "npz"] = Field(
+        "stdlib-text",
+        description="Python's own stdlib text, text files, uint16 .bin, ddq prepare's output, "
+        "or images.",
     )
     path: str | None = Field(
         None, description="Directory/glob, .bin or .npz (when the source needs one)."
@@ -334,9 +434,26 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _check_path(self) -> Self:
-        if self.source in ("text-files", "token-bin", "npz") and not self.path:
+        if self.source in ("text-files", "token-bin", "prepared", "npz") and not self.path:
             raise ValueError(f"source {self.source!r} needs data.path")
+        if self.source == "prepared":
+            try:
+                self.identity()
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         return self
+
+    def identity(self) -> dict[str, Any]:
+        """What every learner's data must agree on (in the run digest): for ``prepared``, the
+        manifest's dataset fingerprint, tokenizer hash and token counts (its JSON is read, the
+        token files only measured); otherwise the settings that choose the examples."""
+        if self.source == "prepared" and self.path:
+            from dd_queue.data.prepare import read_manifest  # no torch: JSON and stat only
+
+            return {"source": self.source, **read_manifest(self.path).identity()}
+        return self.model_dump(
+            mode="json", include={"source", "max_bytes", "suffixes", "eval_fraction"}
+        )
 
     def spec(self, *, vocab_size: int) -> DataSpec:
         """The data spec the loaders take; ``vocab_size`` bounds the ids of a token-bin file."""
@@ -611,14 +728,14 @@ class DDQConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> Self:
-        family = self.model.spec().family
+        arch = self.model.architecture()
         images = self.data.source in ("digits", "npz")
-        if images != (family == "vit"):
+        if images != arch.is_image:
             kind = "image" if images else "text"
             raise ValueError(
-                f"data.source {self.data.source!r} gives {kind} examples but model.preset "
-                f"{self.model.preset!r} is a {family} model; pair vit presets with digits/npz "
-                "and gpt/moe presets with text sources"
+                f"data.source {self.data.source!r} gives {kind} examples but the model "
+                f"({arch.describe()}) is a {arch.family} model; pair vit presets with "
+                "digits/npz and every other model with text sources"
             )
         sync = self.synchronizer
         if sync.quorum_policy == "wait" and sync.quorum > self.membership.expected_learners:
@@ -637,23 +754,37 @@ class DDQConfig(_Section):
                 node[leaf] = "***"
         return data
 
-    @property
-    def run_digest(self) -> str:
-        """sha256 (hex, 16 chars) of what every process of one run must agree on.
+    def run_identity(self) -> dict[str, Any]:
+        """What every process of one run must agree on, part by part (``RUN_DIGEST_PARTS``).
 
-        The run id, the model's shape and the fragment plan's inputs (P, H, schedule, embedding
-        patterns): contributions stamped with another run digest cannot be merged. Everything
-        else (Redis URL, devices, codecs, log levels, timeouts) may differ between machines.
+        The run id, the architecture (``models/arch.py``), the fragment plan's inputs (P, H,
+        schedule, embedding patterns), the data's identity (for prepared data: the dataset
+        fingerprint and the tokenizer's hash) and ``expected_learners`` (it deals the data
+        shards, so learners that disagree would train on overlapping data). Everything else
+        (Redis URL, devices, codecs, log levels, timeouts) may differ between machines.
         """
         sync = self.synchronizer
-        data = {
+        return {
             "run_id": self.run.run_id,
-            "model": dataclasses.asdict(self.model.spec()),
-            "plan": [sync.n_fragments, sync.sync_every_steps, sync.schedule],
-            "embedding_patterns": list(sync.embedding_patterns),
+            "model": self.model.architecture().identity(),
+            "plan": {
+                "n_fragments": sync.n_fragments,
+                "sync_every_steps": sync.sync_every_steps,
+                "schedule": sync.schedule,
+                "embedding_patterns": list(sync.embedding_patterns),
+            },
+            "data": self.data.identity(),
+            "expected_learners": self.membership.expected_learners,
         }
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def run_digest(self) -> str:
+        """``run_identity`` hashed part by part: 8 hex digits of sha256 per part, joined by
+        ``-`` in ``RUN_DIGEST_PARTS`` order, so a mismatch names the part that differs
+        (``digest_mismatch``). Contributions stamped with another run digest cannot be merged,
+        and a learner whose digest differs is refused when it joins."""
+        identity = self.run_identity()
+        return "-".join(_hash8(identity[part]) for part in RUN_DIGEST_PARTS)
 
     @property
     def digest(self) -> str:

@@ -8,7 +8,7 @@
     for batch in loader.eval_batches(max_batches=8): ...
 
 Splitting, sharding and epoch order are described in ``shards.py``; the text and image sources
-in ``text.py`` and ``vision.py``.
+in ``text.py`` and ``vision.py``; the token shards of ``ddq prepare`` in ``prepared.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dd_queue.data.batch import Batch
-from dd_queue.data.shards import ShardCursor, ShardSpec, holdout_split
+from dd_queue.data.prepare import read_manifest
+from dd_queue.data.prepared import PreparedDataset
+from dd_queue.data.shards import Ids, ShardCursor, ShardSpec, holdout_split
 from dd_queue.data.spec import TEXT_SOURCES, DataSpec
 from dd_queue.data.text import (
     TextDataset,
@@ -49,7 +51,17 @@ class Dataset(Protocol):
 
 
 def load_corpus(spec: DataSpec) -> TokenCorpus:
-    """The token corpus of a text source (``stdlib-text``, ``text-files``, ``token-bin``)."""
+    """The token corpus of a text source (``stdlib-text``, ``text-files``, ``token-bin``).
+
+    Raises:
+        ConfigError: ``prepared`` (many shard files, not one corpus: use ``build_dataset``) or
+            an image source.
+    """
+    if spec.source == "prepared":
+        raise ConfigError(
+            "data source 'prepared' is a set of shard files, not one token corpus: load it "
+            "with build_dataset (PreparedDataset)"
+        )
     if spec.source == "stdlib-text":
         root = stdlib_root()
         files = list_text_files(root, spec.suffixes)
@@ -65,8 +77,15 @@ def load_corpus(spec: DataSpec) -> TokenCorpus:
     raise ConfigError(f"data source {spec.source!r} is not a text source ({TEXT_SOURCES})")
 
 
-def build_dataset(spec: DataSpec, *, seq_len: int) -> TextDataset | ImageDataset:
-    """The dataset of ``spec``: text windows of ``seq_len`` tokens, or images."""
+def build_dataset(spec: DataSpec, *, seq_len: int) -> TextDataset | PreparedDataset | ImageDataset:
+    """The dataset of ``spec``: text windows of ``seq_len`` tokens, or images.
+
+    Raises:
+        ConfigError: The source's data is missing or malformed; for ``prepared``, also a model
+            vocabulary (``spec.vocab_size``) smaller than the prepared data's.
+    """
+    if spec.source == "prepared" and spec.path:
+        return PreparedDataset(read_manifest(spec.path), seq_len, vocab_size=spec.vocab_size)
     if spec.source == "digits":
         return ImageDataset(load_digits())
     if spec.source == "npz" and spec.path:
@@ -82,6 +101,16 @@ def build_loader(spec: DataSpec, *, seq_len: int, shard: ShardSpec) -> ShardLoad
     )
 
 
+def _split_of(dataset: Dataset, eval_fraction: float) -> tuple[Ids, Ids]:
+    """``(train_ids, eval_ids)``: the dataset's own held-out tail if it has one."""
+    n, n_heldout = dataset.n_examples, getattr(dataset, "n_heldout", None)
+    if n_heldout is None:
+        return holdout_split(n, eval_fraction)
+    if not isinstance(n_heldout, int) or not 0 <= n_heldout < n:
+        raise ConfigError(f"dataset n_heldout {n_heldout!r} is not in [0, n_examples={n})")
+    return np.arange(n - n_heldout, dtype=np.int64), np.arange(n - n_heldout, n, dtype=np.int64)
+
+
 class ShardLoader(Iterator[Batch]):
     """Endless batches of one learner's shard, resumable from ``state_dict()``."""
 
@@ -95,6 +124,11 @@ class ShardLoader(Iterator[Batch]):
     ) -> None:
         """Split the dataset and position the cursor at the start of epoch 0.
 
+        The held-out ids are the dataset's tail either way: the last ``n_heldout`` ids when the
+        dataset has that attribute (``PreparedDataset``: its validation split, chosen by
+        document at prepare time; ``eval_fraction`` is then not used), else the last
+        ``ceil(eval_fraction · n)`` (``shards.holdout_split``).
+
         Args:
             dataset: The examples (shared, read-only, by all loaders of a process).
             batch_size: Examples per training batch.
@@ -105,7 +139,7 @@ class ShardLoader(Iterator[Batch]):
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset, self.batch_size = dataset, batch_size
         self.shard = shard or ShardSpec()
-        train_ids, self.eval_ids = holdout_split(dataset.n_examples, eval_fraction)
+        train_ids, self.eval_ids = _split_of(dataset, eval_fraction)
         identity: dict[str, int | str] = {
             "dataset": dataset.fingerprint,
             "n_examples": dataset.n_examples,

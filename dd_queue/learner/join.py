@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from dd_queue.auth import OPEN, Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
+from dd_queue.config import digest_mismatch
 from dd_queue.core.fragments import FragmentPlan
 from dd_queue.errors import BusError, ConfigError, DDQError, ProtocolError
 from dd_queue.fragment_state import FragmentState
@@ -159,9 +160,9 @@ def check_run_state(
         if state.config_digest != config_digest:
             raise ConfigError(
                 f"run {bus.keys.run_id!r} runs digest {state.config_digest}, this learner "
-                f"{config_digest}: its contributions would be dead-lettered; start it with the "
-                "run's model and synchronizer settings (the run digest covers the run id, the "
-                "model shape, n_fragments, sync_every_steps, schedule, embedding patterns)"
+                f"{config_digest}: it differs in "
+                f"{digest_mismatch(state.config_digest, config_digest)}. Its contributions "
+                "would be dead-lettered: start it with the run's settings"
             )
         checked[p] = state
     return checked

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import cast
 
 from dd_queue.bus import DeadLetterOp, Entry, SetOp, ops
+from dd_queue.config import digest_mismatch
 from dd_queue.core.rounds import Admission, ContributionMeta, implausible
 from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
 from dd_queue.keys import SYNC_GROUP
@@ -128,7 +129,8 @@ def _check_compatible(
         raise ProtocolError(why, reason="implausible")
     if msg.config_digest != ctx.digest:
         raise IncompatibleMessage(
-            f"config digest {msg.config_digest} differs from the run's {ctx.digest}"
+            f"config digest {msg.config_digest} differs from the run's {ctx.digest} in "
+            f"{digest_mismatch(ctx.digest, msg.config_digest)}"
         )
     if size != rt.fragment.size:
         raise IncompatibleMessage(

@@ -39,7 +39,7 @@ def _leaf_paths(model: type[pydantic.BaseModel], prefix: str = "") -> dict[str, 
 
 
 def _yaml_paths(node: object, prefix: str = "") -> set[str]:
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or not node:  # {}: an empty mapping field is a leaf
         return {prefix.rstrip(".")}
     out: set[str] = set()
     for key, value in node.items():
