@@ -3,7 +3,7 @@
 ddq synchronizer --config config/demo.yaml [--id sync-0] [--allow-config-change]
                  [--init-from model.safetensors]
 ddq evaluator --config config/demo.yaml [--once] [--json]
-ddq export --config config/demo.yaml --out model.safetensors [--json]
+ddq export --config config/demo.yaml --out model.safetensors [--format hf] [--json]
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ def register(sub: Any) -> None:
         action="store_true",
         help="continue a run created under another config digest",
     )
-    p.add_argument("--init-from", help="create a new run from this ddq export (safetensors)")
+    p.add_argument(
+        "--init-from",
+        help="create a new run from these weights: a ddq export, a Hugging Face model "
+        "directory or a safetensors file",
+    )
     p.set_defaults(func=_cmd_synchronizer)
 
     p = sub.add_parser("evaluator", help="score the global model on held-out data, periodically")
@@ -47,7 +51,15 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("export", help="write the current global model to a safetensors file")
     _config_arg(p)
-    p.add_argument("--out", required=True, help="output path, e.g. model.safetensors")
+    p.add_argument(
+        "--out", required=True, help="output path: model.safetensors, or a directory (hf)"
+    )
+    p.add_argument(
+        "--format",
+        choices=("ddq", "hf"),
+        default="ddq",
+        help="ddq: one safetensors file (--init-from reads it); hf: a transformers directory",
+    )
     p.add_argument("--json", action="store_true", help="print the metadata as one JSON object")
     p.set_defaults(func=_cmd_export)
 
@@ -99,12 +111,13 @@ def _cmd_evaluator(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from dd_queue.synchronizer.export import export_model
+    from dd_queue.synchronizer.export import export_hf, export_model
 
     cfg = load_config(args.config, os.environ)
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
     try:
-        metadata = export_model(bus, cfg, args.out)
+        write = export_hf if args.format == "hf" else export_model
+        metadata: dict[str, Any] = dict(write(bus, cfg, args.out))
     finally:
         bus.close()
     if args.json:

@@ -1,6 +1,7 @@
 """Export the current global model to safetensors, and read such a file back to re-seed a run.
 
     ddq export --config config/demo.yaml --out model.safetensors
+    ddq export --config my-llama.yaml --format hf --out my-llama/    # from_pretrained loads it
 
 The file holds every parameter tensor (float32, the names the model's ``named_parameters()``
 gives) and string metadata: ``format`` (``ddq.export.v1``), ``run_id``, ``config_digest``,
@@ -12,8 +13,13 @@ creates a new run from it (same model shapes required: the plan digest is checke
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,11 +30,23 @@ from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import unflatten_fragment
 from dd_queue.errors import ConfigError, CorruptPayload, NotReady
 from dd_queue.fragment_state import FragmentState, fragment_of
+from dd_queue.messages import RoundRecord
 from dd_queue.synchronizer.source import ArraySource
 
-__all__ = ["EXPORT_FORMAT", "export_model", "global_model", "load_export"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "HF_EXPORT_FORMAT",
+    "check_export",
+    "export_hf",
+    "export_model",
+    "global_model",
+    "load_export",
+    "load_init",
+]
 
 EXPORT_FORMAT = "ddq.export.v1"
+HF_EXPORT_FORMAT = "ddq.export.hf.v1"
+HF_METADATA = "ddq_metadata.json"
 
 
 def global_model(
@@ -72,6 +90,7 @@ def export_model(bus: Bus, cfg: DDQConfig, out: str | Path) -> dict[str, str]:
     """Write the newest global model to ``out`` (safetensors); returns the metadata written."""
     from safetensors.numpy import save_file
 
+    check_export(cfg, out, "ddq")
     tensors, versions, state = global_model(bus, cfg)
     metadata = {
         "format": EXPORT_FORMAT,
@@ -83,6 +102,188 @@ def export_model(bus: Bus, cfg: DDQConfig, out: str | Path) -> dict[str, str]:
     }
     save_file(tensors, str(out), metadata=metadata)
     return metadata
+
+
+def export_hf(bus: Bus, cfg: DDQConfig, out: str | Path) -> dict[str, Any]:
+    """Write the newest global model as a Hugging Face directory (config.json,
+    model.safetensors, generation_config.json; with a prepared dataset, its tokenizer too) that
+    ``AutoModelForCausalLM.from_pretrained`` loads, plus ``ddq_metadata.json`` (run, digests,
+    versions). Written beside ``out`` and renamed into place: a failure leaves no half
+    directory. Returns the metadata.
+
+    Raises:
+        ConfigError: The model is not an hf one, or ``out`` is a non-empty directory that is
+            not an earlier hf export.
+    """
+    from dd_queue.models.hf import save_hf
+
+    check_export(cfg, out, "hf")
+    arch, target = cfg.model.architecture(), Path(out)
+    tensors, versions, state = global_model(bus, cfg)
+    metadata: dict[str, Any] = {
+        "format": HF_EXPORT_FORMAT,
+        "run_id": cfg.run.run_id,
+        "config_digest": state.config_digest,
+        "plan_digest": state.plan_digest,
+        "architecture": arch.digest,
+        "versions": {str(p): v for p, v in versions.items()},
+        "rounds_merged": state.counters.get("rounds_merged", 0),
+        "tokens_merged": _tokens_merged(bus, cfg, fragment=0),
+    }
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent or "."))
+    try:
+        files = save_hf(arch, tensors, staging)
+        files += _save_tokenizer(cfg, staging)
+        (staging / HF_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+        metadata["files"] = sorted([*files, HF_METADATA])
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return metadata
+
+
+def _tokens_merged(bus: Bus, cfg: DDQConfig, *, fragment: int) -> int:
+    """Tokens of the contributions merged into ``fragment`` (every fragment sees about the
+    same), summed over the round records the run still keeps."""
+    limits, total, after = cfg.wire.message_limits(), 0, "0-0"
+    while entries := bus.read(bus.keys.rounds(fragment), after_id=after, count=500):
+        after = entries[-1].id
+        for entry in entries:
+            record = RoundRecord.from_fields(entry.fields, run_id=cfg.run.run_id, limits=limits)
+            if record.decision == "merge":
+                total += sum(c.n_tokens for c in record.contributors)
+    return total
+
+
+def check_export(cfg: DDQConfig, out: str | Path, fmt: str) -> None:
+    """Refuse an export that cannot be written, before anything is read or trained.
+
+    Raises:
+        ConfigError: ``hf`` for a model that is not an hf one, a target that is a non-empty
+            directory other than an earlier hf export (hf) or a directory (ddq), or a parent
+            directory that does not exist.
+    """
+    target = Path(out)
+    if not target.parent.is_dir():
+        raise ConfigError(f"cannot export to {target}: {target.parent} is not a directory")
+    if fmt == "ddq":
+        if target.is_dir():
+            raise ConfigError(f"{target} is a directory: the ddq format is one file")
+        return
+    arch = cfg.model.architecture()
+    if arch.source != "hf":
+        raise ConfigError(
+            f"--format hf needs model.source 'hf'; this run trains {arch.describe()}, which "
+            "transformers cannot load: export it with the default format (safetensors)"
+        )
+    if target.exists() and (not target.is_dir() or _foreign(target)):
+        raise ConfigError(
+            f"{target} exists and is not an earlier hf export: choose a new --out directory"
+        )
+
+
+def _foreign(directory: Path) -> bool:
+    """``directory`` holds files and is not an hf export of ours (which may be replaced)."""
+    return any(directory.iterdir()) and not (directory / HF_METADATA).is_file()
+
+
+def _save_tokenizer(cfg: DDQConfig, out: Path) -> list[str]:
+    """The prepared dataset's tokenizer, as ``AutoTokenizer.from_pretrained`` reads it."""
+    if cfg.data.source != "prepared" or not cfg.data.path:
+        return []
+    from transformers import PreTrainedTokenizerFast
+
+    from dd_queue.data import read_manifest
+
+    manifest = read_manifest(cfg.data.path)
+    tokenizer_file = str(manifest.root / manifest.tokenizer_file)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)  # type: ignore[no-untyped-call]
+    eos = tokenizer.convert_ids_to_tokens(manifest.eos_id)
+    tokenizer.eos_token = eos
+    return [Path(f).name for f in tokenizer.save_pretrained(str(out))]
+
+
+def load_init(path: str | Path, cfg: DDQConfig) -> ArraySource:
+    """The initial global model Θ(0) of a new run, from ``path``: a ``ddq export`` file, a
+    Hugging Face model directory (``save_pretrained``'s ``model.safetensors``, or its shards),
+    or a plain safetensors file. Tensors are matched to the config's model by name, as
+    training names them or as transformers does (without the ``hf.`` prefix); values are
+    converted to float32 (bf16 and fp16 checkpoints included), nothing else is changed.
+
+    Raises:
+        ConfigError: Unreadable files, a parameter the files lack, a tensor the model does
+            not have (other than a tied copy of one it has), or a shape that differs.
+    """
+    from dd_queue.synchronizer.source import ConfigModelSource
+
+    file, model = Path(path), ConfigModelSource(cfg.model, cfg.run.seed)
+    if file.is_file() and _is_ddq_export(file):
+        exported = load_export(file)[0]
+        return dataclasses.replace(exported, embeddings=model.embedding_names())
+    files = _safetensors_files(file)
+    shapes = model.shapes()
+    loaded = _read_float32(files)
+    values: dict[str, npt.NDArray[np.float32]] = {}
+    unknown: list[str] = []
+    for name, array in loaded.items():
+        ours = name if name in shapes else f"hf.{name}"
+        if ours not in shapes:
+            unknown.append(name)
+        elif tuple(array.shape) != shapes[ours]:
+            raise ConfigError(
+                f"{path}: {name} has shape {tuple(array.shape)}, the model's {ours} "
+                f"{shapes[ours]}: is this checkpoint of the configured architecture?"
+            )
+        else:
+            values[ours] = array
+    tied = {n for n in unknown if any(np.array_equal(loaded[n], v) for v in values.values())}
+    if missing := sorted(set(shapes) - set(values)):
+        raise ConfigError(f"{path} lacks {len(missing)} of the model's parameters: {missing[:4]}")
+    if extra := sorted(set(unknown) - tied):
+        raise ConfigError(f"{path} holds tensors the model does not have: {extra[:4]}")
+    origin = f"{file.name} ({len(values)} tensors)"
+    return ArraySource(values, origin=origin, embeddings=model.embedding_names())
+
+
+def _is_ddq_export(file: Path) -> bool:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="np") as f:
+            return (f.metadata() or {}).get("format") == EXPORT_FORMAT
+    except (OSError, ValueError, SafetensorError):
+        return False
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(path.glob("model*.safetensors"))
+        if files:
+            return files
+        raise ConfigError(
+            f"{path} has no model.safetensors (or model-*-of-*.safetensors shards): save it "
+            "with save_pretrained(..., safe_serialization=True)"
+        )
+    raise ConfigError(f"--init-from {path}: no such file or directory")
+
+
+def _read_float32(files: Sequence[Path]) -> dict[str, npt.NDArray[np.float32]]:
+    import torch  # bf16 has no numpy dtype: read through torch, then float32
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, npt.NDArray[np.float32]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118
+                    out[name] = f.get_tensor(name).to(torch.float32).numpy()
+        except (OSError, ValueError, SafetensorError) as exc:
+            raise ConfigError(f"cannot read {file}: {exc}") from exc
+    return out
 
 
 def load_export(path: str | Path) -> tuple[ArraySource, dict[str, str]]:

@@ -25,7 +25,7 @@ from dd_queue.clock import Clock, SystemClock
 from dd_queue.config import DDQConfig
 from dd_queue.log import setup_logging
 from dd_queue.startup import wait_for
-from dd_queue.synchronizer.export import load_export
+from dd_queue.synchronizer.export import load_init
 from dd_queue.synchronizer.source import ModelSource
 from dd_queue.synchronizer.synchronizer import Synchronizer
 
@@ -75,7 +75,7 @@ def serve(
     stop = stop or threading.Event()
     clock = SystemClock()
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options(), clock=clock)
-    source: ModelSource | None = load_export(init_from)[0] if init_from else None
+    source: ModelSource | None = load_init(init_from, cfg) if init_from else None
     sync = Synchronizer(
         cfg,
         bus=bus,

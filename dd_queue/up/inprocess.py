@@ -43,6 +43,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.learner.build import build_learner, resolve_device
 from dd_queue.learner.dist import SingleProcess
 from dd_queue.learner.service import KILLED_EXIT_CODE, PumpThreads, TwoStageStop, train
+from dd_queue.synchronizer.export import load_init
 from dd_queue.synchronizer.service import pump_until
 from dd_queue.synchronizer.synchronizer import Synchronizer
 from dd_queue.up.procs import RESTART_BACKOFF_S
@@ -53,6 +54,7 @@ from dd_queue.up.run import (
     _out,
     _Signals,
     access_lines,
+    export_final,
     http_call,
     make_run_dir,
     pick_port,
@@ -106,6 +108,7 @@ class _InProcess:
 
     def __init__(self, cfg: DDQConfig, opts: UpOptions, run_dir: Path) -> None:
         self.cfg, self.opts, self.run_dir = cfg, opts, run_dir
+        self.initial = load_init(opts.init_from, cfg) if opts.init_from else None
         self.token = cfg.control.admin_token.get_secret_value() if cfg.control.admin_token else ""
         self.port = cfg.control.port
         self.server = fakeredis.FakeServer()
@@ -169,7 +172,12 @@ class _InProcess:
             sync: Synchronizer | None = None
             try:
                 sync = Synchronizer(
-                    self.cfg, bus=bus, clock=clock, synchronizer_id="sync-0", kill=_kill
+                    self.cfg,
+                    bus=bus,
+                    clock=clock,
+                    synchronizer_id="sync-0",
+                    kill=_kill,
+                    source=self.initial,
                 )
                 pump_until(sync, clock, self.stopping)
                 return
@@ -398,6 +406,8 @@ def run_in_process(cfg: DDQConfig, opts: UpOptions, *, environ: Mapping[str, str
     finally:
         try:
             run.stop(signals)
+            if opts.export is not None:
+                export_final(run.bus, cfg, opts, run.summary)
         finally:
             run.bus.close()
             torch.set_num_threads(threads_before)

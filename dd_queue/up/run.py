@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +29,9 @@ from types import FrameType
 from typing import Protocol
 
 from dd_queue.auth import principals, write_keys
-from dd_queue.bus import RedisBus
+from dd_queue.bus import Bus, RedisBus
 from dd_queue.config import DDQConfig
+from dd_queue.errors import DDQError
 from dd_queue.up.display import Display
 from dd_queue.up.procs import Children, RedisServer, child_env, free_port
 from dd_queue.up.progress import RunWatch
@@ -55,6 +57,11 @@ class UpOptions:
         port: Control plane port (0 = ``control.port`` if free, else a free one).
         runs_dir: Parent of the run directory.
         progress_s: Seconds between progress lines.
+        export: Where to export the final global model once the services stopped (None: no
+            export); ``export_format`` ``ddq`` (one safetensors file) or ``hf`` (a directory
+            ``AutoModelForCausalLM.from_pretrained`` loads).
+        init_from: Weights of the new run's first global model (``ddq synchronizer
+            --init-from``: a ddq export, a Hugging Face directory or a safetensors file).
     """
 
     config: Path
@@ -64,6 +71,9 @@ class UpOptions:
     port: int = 0
     runs_dir: Path = Path("runs")
     progress_s: float = 5.0
+    export: Path | None = None
+    export_format: str = "ddq"
+    init_from: Path | None = None
 
 
 class _Signals:
@@ -195,11 +205,12 @@ class _Up:
         self.summary = Summary(cfg.run.run_id, str(redis.dir), learners=ids)
         self.bus = RedisBus(redis.url, cfg.run.run_id, options=cfg.redis.options())
         self.watch = RunWatch(cfg, self.bus, self.summary)
-        self.evaluator_started = False
         self.chaos_pending = opts.chaos
 
     def start(self) -> None:
-        self.children.start("synchronizer", _command("synchronizer", self.config), restart=True)
+        init = ("--init-from", str(self.opts.init_from)) if self.opts.init_from else ()
+        argv = _command("synchronizer", self.config, *init)
+        self.children.start("synchronizer", argv, restart=True)
         gpus = _gpu_count()
         for i, lid in enumerate(self.summary.learners):
             argv = _command("learner", self.config, "--learner-id", lid)
@@ -207,6 +218,9 @@ class _Up:
                 argv = ["env", f"CUDA_VISIBLE_DEVICES={i % gpus}", *argv]
             self.children.start(lid, argv, restart=True)
         self.children.start("control", _command("control", self.config))
+        # with the others, not once the run exists: it waits for the run itself, and its first
+        # score (version 0 or soon after) is the baseline that "the loss fell" compares with
+        self.children.start("evaluator", _command("evaluator", self.config), restart=True)
         _out(f"ddq up: run {self.cfg.run.run_id} in {self.redis.dir} (logs: <name>.log there)")
         _out(f"ddq up: redis {self.redis.url} (AOF on); {len(self.summary.learners)} learners")
         for line in access_lines(self.port, self.token if self.token_generated else None):
@@ -218,9 +232,6 @@ class _Up:
             note(f"ddq up: {text}")
             if "stays down" in text:
                 self.summary.notes.append(text)
-        if not self.evaluator_started and self.bus.get(self.bus.keys.state(0)) is not None:
-            self.children.start("evaluator", _command("evaluator", self.config), restart=True)
-            self.evaluator_started = True
         if self.chaos_pending and self._ready():
             self.chaos_pending = False
             note(f"ddq up: chaos {self._start_chaos()}")
@@ -308,5 +319,29 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
         watch_until_done(up, opts, signals)
     finally:
         up.stop(signals)
-        redis.stop()
+        try:
+            if opts.export is not None:  # every service has stopped: this is the final model
+                with closing(
+                    RedisBus(redis.url, cfg.run.run_id, options=cfg.redis.options())
+                ) as bus:
+                    export_final(bus, cfg, opts, up.summary)
+        finally:
+            redis.stop()
     return up.summary
+
+
+def export_final(bus: Bus, cfg: DDQConfig, opts: UpOptions, summary: Summary) -> None:
+    """Export the run's final global model to ``opts.export`` (``ddq export``'s formats); the
+    path goes to ``summary.exported``, a failure to its notes (the run itself stays done)."""
+    from dd_queue.synchronizer.export import export_hf, export_model
+
+    assert opts.export is not None
+    write = export_hf if opts.export_format == "hf" else export_model
+    try:
+        write(bus, cfg, opts.export)
+    except DDQError as exc:
+        summary.notes.append(f"export to {opts.export} failed: {exc}")
+        log.warning("up.export_failed %s: %s", opts.export, exc)
+        return
+    summary.exported = str(opts.export)
+    _out(f"ddq up: exported the final global model to {opts.export} ({opts.export_format})")

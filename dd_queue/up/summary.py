@@ -33,6 +33,7 @@ class Summary:
         faults_injected: Fault commands the control plane recorded as injected.
         restarts: Processes ``ddq up`` restarted after they died.
         notes: Things worth knowing (processes that failed, missing parts).
+        exported: Where the final global model was exported (``--export``), else None.
     """
 
     run_id: str
@@ -54,6 +55,7 @@ class Summary:
     faults_injected: int = 0
     restarts: int = 0
     notes: list[str] = field(default_factory=list)
+    exported: str | None = None
 
     @property
     def contributed(self) -> list[str]:
@@ -96,6 +98,8 @@ def format_summary(s: Summary) -> str:
         f"faults survived    {s.faults_injected} injected, {s.restarts} process restarts",
         f"run directory      {s.run_dir}",
     ]
+    if s.exported:
+        lines.append(f"exported           {s.exported}")
     lines += [f"note: {note}" for note in s.notes]
     return "\n".join(lines) + "\n"
 

@@ -49,6 +49,23 @@ def redis_server() -> Iterator[RedisProcess]:
         yield server
 
 
+@pytest.fixture
+def run_id(redis_server: RedisProcess) -> str:
+    """A fresh run id on the session's Redis, flushed first (its tests own that server)."""
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    return f"s{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def bus(redis_server: RedisProcess, run_id: str) -> Iterator[RedisBus]:
+    """A ``RedisBus`` of ``run_id`` on the session's Redis."""
+    bus = RedisBus(redis_server.url, run_id, options=RedisOptions(unavailable_after_s=5.0))
+    yield bus
+    bus.close()
+
+
 def blocked_clients(server: RedisProcess) -> int:
     """How many clients the server reports blocked (``INFO clients``: ``blocked_clients``)."""
     client = server.client()

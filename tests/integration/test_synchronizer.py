@@ -11,14 +11,12 @@ import dataclasses
 import json
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import yaml
 
-from dd_queue.bus import RedisBus, RedisOptions
+from dd_queue.bus import RedisBus
 from dd_queue.cli import main as ddq_main
 from dd_queue.clock import SystemClock
 from dd_queue.synchronizer import Synchronizer, plan_of
@@ -26,7 +24,6 @@ from dd_queue.synchronizer.evaluator import Evaluator
 from dd_queue.synchronizer.export import export_model, load_export
 from dd_queue.synchronizer.service import serve
 from tests.integration.conftest import wait_until
-from tests.redisproc import RedisProcess
 from tests.synchronizer_support import (
     beat,
     contribute,
@@ -41,21 +38,6 @@ from tests.synchronizer_support import (
     versions_published,
     with_nan,
 )
-
-
-@pytest.fixture
-def run_id(redis_server: RedisProcess) -> str:
-    client = redis_server.client()
-    client.flushall()
-    client.close()
-    return f"s{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def bus(redis_server: RedisProcess, run_id: str) -> Iterator[RedisBus]:
-    bus = RedisBus(redis_server.url, run_id, options=RedisOptions(unavailable_after_s=5.0))
-    yield bus
-    bus.close()
 
 
 def start(bus, cfg, sid: str = "sync-0", **kw) -> Synchronizer:
