@@ -33,7 +33,13 @@ from dd_queue.data import DataSpec
 from dd_queue.errors import ConfigError
 from dd_queue.keys import check_name
 from dd_queue.messages import MessageLimits
-from dd_queue.models.arch import DEFAULT_SEQ_LEN, Architecture, parse_factory, read_hf_config
+from dd_queue.models.arch import (
+    DEFAULT_SEQ_LEN,
+    Architecture,
+    parse_factory,
+    read_hf_config,
+    weights_fingerprint,
+)
 from dd_queue.models.spec import ModelSpec, resolve_spec
 
 MiB = 1024 * 1024
@@ -343,6 +349,19 @@ class ModelConfig(_Section):
     patch_size: int | None = Field(None, ge=1, description="ViT patch side, pixels.")
     in_channels: int | None = Field(None, ge=1, description="ViT input channels.")
     n_classes: int | None = Field(None, ge=2, description="ViT output classes.")
+    hf_pretrained: str | None = Field(
+        None,
+        description="hf: a local save_pretrained directory; every process loads its weights.",
+    )
+    freeze: tuple[str, ...] = Field(
+        (), description="Parameter name patterns (fnmatch) not trained and not synchronized."
+    )
+    lora_r: int = Field(0, ge=0, description="hf: LoRA rank (peft); 0 trains the model itself.")
+    lora_alpha: float = Field(16.0, gt=0, description="hf: LoRA scale numerator (alpha / r).")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="hf: dropout on the LoRA input.")
+    lora_targets: tuple[str, ...] = Field(
+        ("q_proj", "v_proj"), description="hf: module names that get LoRA adapters."
+    )
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
     autocast: Literal["bf16", "off"] = Field("bf16", description="bf16 autocast on CUDA.")
 
@@ -371,7 +390,9 @@ class ModelConfig(_Section):
         """
         if self.source == "preset":
             spec = self.spec()
-            return Architecture("preset", spec.family, spec.vocab_size, spec.seq_len, spec=spec)
+            return Architecture(
+                "preset", spec.family, spec.vocab_size, spec.seq_len, spec=spec, freeze=self.freeze
+            )
         stray = sorted(set(self.overrides()) - {"vocab_size", "seq_len"})
         if stray:
             where = "model.hf_options" if self.source == "hf" else "model.factory_kwargs"
@@ -380,14 +401,29 @@ class ModelConfig(_Section):
                 f"{self.source!r} set them in {where}"
             )
         seq_len = self.seq_len or DEFAULT_SEQ_LEN
+        if self.source != "hf" and (self.hf_pretrained or self.lora_r):
+            raise ConfigError(
+                "model.hf_pretrained and model.lora_r need model.source 'hf' (a transformers "
+                "model); freeze parameters of other models with model.freeze"
+            )
         if self.source == "hf":
-            keys = read_hf_config(self.hf_config, self.hf_options)
+            keys = read_hf_config(self.hf_config or self.hf_pretrained, self.hf_options)
             if self.vocab_size is not None and self.vocab_size != keys["vocab_size"]:
                 raise ConfigError(
                     f"model.vocab_size {self.vocab_size} differs from the hf config's "
                     f"vocab_size {keys['vocab_size']}: set it in one place"
                 )
-            return Architecture("hf", "hf", keys["vocab_size"], seq_len, hf_config=keys)
+            return Architecture(
+                "hf",
+                "hf",
+                keys["vocab_size"],
+                seq_len,
+                hf_config=keys,
+                pretrained=self.hf_pretrained,
+                weights=weights_fingerprint(self.hf_pretrained) if self.hf_pretrained else None,
+                freeze=self.freeze,
+                lora=self._lora(),
+            )
         if self.factory is None or self.vocab_size is None:
             raise ConfigError(
                 "model.source 'module' needs model.factory ('package.module:callable') and "
@@ -402,7 +438,18 @@ class ModelConfig(_Section):
             factory=self.factory,
             factory_kwargs=dict(self.factory_kwargs),
             adapter=self.adapter,
+            freeze=self.freeze,
         )
+
+    def _lora(self) -> dict[str, Any] | None:
+        if not self.lora_r:
+            return None
+        return {
+            "r": self.lora_r,
+            "alpha": self.lora_alpha,
+            "dropout": self.lora_dropout,
+            "targets": list(self.lora_targets),
+        }
 
     @model_validator(mode="after")
     def _check_shape(self) -> Self:

@@ -52,7 +52,7 @@ from dd_queue.learner.params import FragmentParams
 from dd_queue.learner.pump import Pump, PumpReport
 from dd_queue.learner.wiring import build_pump
 from dd_queue.messages import Heartbeat
-from dd_queue.models.builder import embedding_names
+from dd_queue.models.builder import embedding_names, synced_parameters
 
 if TYPE_CHECKING:
     from dd_queue.startup import Stop
@@ -144,7 +144,8 @@ class Learner:
         self.config_digest = config_digest or cfg.run_digest
         self.checkpoint = checkpoint
         sync = cfg.synchronizer
-        shapes = shapes_from_named((n, p.shape) for n, p in model.named_parameters())
+        synced = synced_parameters(model).items()
+        shapes = shapes_from_named((n, p.shape) for n, p in synced)
         try:  # the same call as the synchronizer's, so both derive the same plan
             self.plan = plan_fragments(
                 shapes,

@@ -24,6 +24,7 @@ from torch import nn
 from dd_queue.core.fragments import FragmentPlan, Segment, shapes_from_named
 from dd_queue.errors import ConfigError
 from dd_queue.learner.exchange import Float32Array
+from dd_queue.models.builder import synced_parameters
 
 
 class FragmentParams:
@@ -38,7 +39,7 @@ class FragmentParams:
     """
 
     def __init__(self, plan: FragmentPlan, model: nn.Module) -> None:
-        named = dict(model.named_parameters())
+        named = synced_parameters(model)  # frozen ones are not the run's: never exchanged
         shapes = shapes_from_named((n, p.shape) for n, p in named.items())
         planned = {s.name: s.shape for f in plan.fragments for s in f.segments}
         if shapes != planned:

@@ -31,6 +31,7 @@ from dd_queue.models.spec import ModelSpec
 Source = Literal["preset", "hf", "module"]
 SOURCES: tuple[Source, ...] = ("preset", "hf", "module")
 DEFAULT_SEQ_LEN = 128  # tokens per window of an hf/module model when model.seq_len is unset
+_SAMPLE_BYTES = 1 << 20  # of each end of a weight file, for its fingerprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,12 @@ class Architecture:
         factory: ``package.module:factory`` (``module`` only).
         factory_kwargs: Keyword arguments of the factory (``module`` only).
         adapter: How the loss comes out of a ``module`` model: ``logits`` or ``batch``.
+        pretrained: A local ``save_pretrained`` directory every process loads (``hf``).
+        weights: ``weights_fingerprint`` of ``pretrained`` (its path may differ by machine).
+        freeze: Parameter name patterns (``fnmatch``) that are not trained: only the others
+            are fragments, contributions and global versions.
+        lora: ``{r, alpha, dropout, targets}`` of peft LoRA adapters (``hf``), or None; with
+            it only the adapters are trained.
     """
 
     source: Source
@@ -59,6 +66,10 @@ class Architecture:
     factory: str | None = None
     factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
     adapter: Literal["logits", "batch"] = "logits"
+    pretrained: str | None = None
+    weights: str | None = None
+    freeze: tuple[str, ...] = ()
+    lora: Mapping[str, Any] | None = None
 
     @property
     def is_image(self) -> bool:
@@ -67,9 +78,13 @@ class Architecture:
 
     def identity(self) -> dict[str, Any]:
         """What the run digest hashes: the resolved architecture, nothing machine-specific."""
-        if self.spec is not None:
-            return dataclasses.asdict(self.spec)  # as before: preset runs keep their digests
+        trained = {"freeze": list(self.freeze)} if self.freeze else {}
+        if self.spec is not None:  # as before: preset runs keep their digests
+            return {**dataclasses.asdict(self.spec), **trained}
         return {
+            **trained,
+            "weights": self.weights,
+            "lora": dict(self.lora) if self.lora else None,
             "source": self.source,
             "vocab_size": self.vocab_size,
             "seq_len": self.seq_len,
@@ -144,6 +159,30 @@ def read_hf_config(path: str | None, inline: Mapping[str, Any]) -> dict[str, Any
     return keys
 
 
+def weights_fingerprint(directory: str) -> str:
+    """sha256 (hex, 16 chars) of a ``save_pretrained`` directory's weight files: each file's
+    name, size and first and last MiB (a many-GB checkpoint is not read whole at start).
+
+    Raises:
+        ConfigError: No ``*.safetensors`` file in ``directory``.
+    """
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(
+            f"model.hf_pretrained {directory!r} holds no .safetensors weights: save the model "
+            "with save_pretrained(..., safe_serialization=True)"
+        )
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        with file.open("rb") as handle:
+            head = handle.read(_SAMPLE_BYTES)
+            handle.seek(max(size - _SAMPLE_BYTES, 0))
+            tail = handle.read()
+        digest.update(f"{file.name}:{size}:".encode() + head + tail)
+    return digest.hexdigest()[:16]
+
+
 def parse_factory(factory: str) -> tuple[str, str]:
     """``package.module:callable`` → (module, attribute path).
 
@@ -167,4 +206,5 @@ __all__ = [
     "Source",
     "parse_factory",
     "read_hf_config",
+    "weights_fingerprint",
 ]

@@ -12,12 +12,14 @@ synchronizer plans fragments from such a model.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from dd_queue.errors import ConfigError
 from dd_queue.models.arch import Architecture
 
 
@@ -32,24 +34,59 @@ def build(
     """
     target = torch.device(device) if device is not None else torch.get_default_device()
     with _seeded(seed, target):
+        model: nn.Module
         if arch.spec is not None:  # (its modules' default init draws from the global RNG)
             from dd_queue.models.registry import build_model
 
-            return build_model(arch.spec, seed=seed, device=target)
-        if arch.source == "hf":
+            model = build_model(arch.spec, seed=seed, device=target)
+        elif arch.source == "hf":
             from dd_queue.models.hf import build_hf
 
-            return build_hf(arch, device=target)
-        from dd_queue.models.custom import build_module
+            model = build_hf(arch, device=target)
+        else:
+            from dd_queue.models.custom import build_module
 
-        return build_module(arch, device=target)
+            model = build_module(arch, device=target)
+    _freeze(model, arch.freeze)
+    return model
+
+
+def synced_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters a run trains and synchronizes, by name: those with ``requires_grad``
+    (``model.freeze`` and LoRA leave the others out). Fragments, contributions, global
+    versions and Θ(0) hold these alone; the frozen ones every process builds the same
+    (a pretrained directory, or the seeded init)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _freeze(model: nn.Module, patterns: tuple[str, ...]) -> None:
+    """Stop training the parameters whose names match one of ``patterns``.
+
+    Raises:
+        ConfigError: A pattern matches no parameter, or every parameter is frozen.
+    """
+    if not patterns:
+        return
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise ConfigError(
+                f"model.freeze pattern {pattern!r} matches no parameter; names look like "
+                f"{names[:3]} (fnmatch: use * for any part)"
+            )
+    for name, p in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            p.requires_grad_(False)
+    if not synced_parameters(model):
+        raise ConfigError(f"model.freeze {list(patterns)} freezes every parameter")
 
 
 def embedding_names(model: nn.Module) -> frozenset[str]:
-    """Names (as ``named_parameters`` gives them) of the parameters of ``nn.Embedding``
-    modules, heads tied to them included (a tied head is the same tensor, named once)."""
+    """Names (as ``named_parameters`` gives them) of the synchronized parameters of
+    ``nn.Embedding`` modules, heads tied to them included (a tied head is the same tensor,
+    named once)."""
     weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return frozenset(name for name, p in model.named_parameters() if id(p) in weights)
+    return frozenset(name for name, p in synced_parameters(model).items() if id(p) in weights)
 
 
 @contextmanager
@@ -63,4 +100,4 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
 
 
-__all__ = ["build", "embedding_names"]
+__all__ = ["build", "embedding_names", "synced_parameters"]

@@ -11,6 +11,7 @@ and initialised with the run's seed; exports go back through ``save_pretrained``
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,10 @@ from torch import nn
 from dd_queue.errors import ConfigError
 from dd_queue.models.arch import Architecture
 from dd_queue.models.base import IGNORE_INDEX, ModelOutput, TrainBatch
+from dd_queue.models.builder import synced_parameters
 
 PREFIX = "hf."
+ADAPTER_DIR = "adapter"  # of an export with LoRA: what PeftModel.from_pretrained loads
 
 
 def _transformers() -> Any:
@@ -83,14 +86,39 @@ def build_hf(arch: Architecture, *, device: torch.device) -> HFCausalLM:
     random state (the builder seeds it); ``meta`` allocates nothing."""
     transformers = _transformers()
     config = hf_config(arch)
+    auto = transformers.AutoModelForCausalLM
     with device:
         try:
-            model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-        except ValueError as exc:  # e.g. a config that is not a causal LM
-            raise ConfigError(
-                f"the hf config is not a causal LM transformers can build: {exc}"
-            ) from None
+            if arch.pretrained and device.type != "meta":
+                model = auto.from_pretrained(arch.pretrained, config=config, dtype=torch.float32)
+            else:
+                model = auto.from_config(config, torch_dtype=torch.float32)
+        except (ValueError, OSError) as exc:  # not a causal LM, or unreadable weights
+            raise ConfigError(f"transformers cannot build the hf model: {exc}") from None
+    if arch.lora:
+        model = _with_lora(model, arch.lora)
     return HFCausalLM(model).train()
+
+
+def _with_lora(model: nn.Module, lora: Mapping[str, Any]) -> nn.Module:
+    """``model`` with peft LoRA adapters on ``lora["targets"]``; only they train."""
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("model.lora_r needs peft: pip install 'dd_queue[hf]'") from None
+    config = peft.LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=list(lora["targets"]),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with warnings.catch_warnings():  # peft asks transformers a deprecated question
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+            return peft.get_peft_model(model, config)
+    except ValueError as exc:  # e.g. no module of that name
+        raise ConfigError(f"model.lora_targets {list(lora['targets'])}: {exc}") from None
 
 
 def save_hf(
@@ -98,16 +126,18 @@ def save_hf(
     arrays: Mapping[str, npt.NDArray[np.float32]],
     out: str | Path,
 ) -> list[str]:
-    """Write the parameters ``arrays`` (``hf.``-prefixed names, as training names them) as a
-    directory that ``AutoModelForCausalLM.from_pretrained`` loads (config.json +
-    model.safetensors); returns the files written.
+    """Write the synchronized parameters ``arrays`` (``hf.``-prefixed names, as training names
+    them; frozen ones come from the pretrained directory) as a directory that
+    ``AutoModelForCausalLM.from_pretrained`` loads (config.json + model.safetensors; with LoRA
+    the adapters merged in, and the adapter alone in ``adapter/`` for peft); returns the files
+    written.
 
     Raises:
         ConfigError: The arrays do not match the architecture's parameters.
     """
     with torch.random.fork_rng(devices=[]):  # every value is overwritten: leave the RNG be
         model = build_hf(arch, device=torch.device("cpu"))
-    own = dict(model.named_parameters())
+    own = synced_parameters(model)  # the frozen ones are the pretrained directory's
     missing, extra = sorted(set(own) - set(arrays)), sorted(set(arrays) - set(own))
     if missing or extra:
         raise ConfigError(
@@ -122,9 +152,12 @@ def save_hf(
                     f"{name}: shape {tuple(value.shape)}, model has {tuple(param.shape)}"
                 )
             param.copy_(value)
-    directory = Path(out)
-    model.hf.save_pretrained(directory, safe_serialization=True)  # type: ignore[operator]
-    return sorted(p.name for p in directory.iterdir())
+    directory, hf = Path(out), model.hf
+    if arch.lora:  # the adapter alone (PeftModel.from_pretrained), then merged into the model
+        hf.save_pretrained(directory / ADAPTER_DIR)  # type: ignore[operator]
+        hf = hf.merge_and_unload()  # type: ignore[operator]
+    hf.save_pretrained(directory, safe_serialization=True)  # type: ignore[operator]
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
 
 
 __all__ = ["PREFIX", "HFCausalLM", "build_hf", "hf_config", "save_hf"]

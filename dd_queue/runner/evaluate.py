@@ -19,7 +19,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import plan_fragments, shapes_from_named
 from dd_queue.data import Batch, Dataset, ShardLoader
 from dd_queue.learner.params import FragmentParams
-from dd_queue.models.builder import build, embedding_names
+from dd_queue.models.builder import build, embedding_names, synced_parameters
 
 __all__ = ["EvalPoint", "GlobalEvaluator"]
 
@@ -61,7 +61,8 @@ class GlobalEvaluator:
         self.model = build(cfg.model.architecture(), seed=cfg.run.seed)
         self.model.eval()
         sync = cfg.synchronizer
-        shapes = shapes_from_named((n, p.shape) for n, p in self.model.named_parameters())
+        synced = synced_parameters(self.model).items()
+        shapes = shapes_from_named((n, p.shape) for n, p in synced)
         plan = plan_fragments(
             shapes,
             sync.n_fragments,

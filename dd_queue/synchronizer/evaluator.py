@@ -83,11 +83,12 @@ class Evaluator:
         """
         import torch
 
+        from dd_queue.models.builder import synced_parameters
         from dd_queue.synchronizer.export import global_model
 
         tensors, versions, _ = global_model(self.bus, self.cfg)
         with torch.no_grad():
-            for name, param in self.model.named_parameters():
+            for name, param in synced_parameters(self.model).items():
                 param.copy_(torch.from_numpy(tensors[name]))
             losses, correct, n = [], [], 0
             for batch in self.batches:

@@ -2,7 +2,8 @@
 
 A ``ModelSource`` gives the parameter shapes (to plan fragments, cheaply: the config's model is
 built on torch's ``meta`` device, which allocates nothing) and, only when a run is created, the
-initial float32 values. Learners plan from their own model's ``named_parameters()``; the plan
+initial float32 values. Learners plan from their own model's synchronized parameters (all but
+the frozen ones: ``models.builder.synced_parameters``); the plan
 digest in every fragment's state lets them check that they and the synchronizer agree.
 """
 
@@ -100,18 +101,19 @@ class ConfigModelSource:
 
     def _meta(self) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
         if self._layout is None:
-            from dd_queue.models.builder import build, embedding_names  # torch: only here
+            from dd_queue.models.builder import build, embedding_names, synced_parameters
 
             meta = build(self.model.architecture(), device="meta")
-            shapes = {name: tuple(p.shape) for name, p in meta.named_parameters()}
+            shapes = {name: tuple(p.shape) for name, p in synced_parameters(meta).items()}
             self._layout = (shapes, embedding_names(meta))
         return self._layout
 
     def arrays(self) -> Arrays:
-        from dd_queue.models.builder import build
+        from dd_queue.models.builder import build, synced_parameters
 
         model = build(self.model.architecture(), seed=self.seed, device="cpu")
-        return {name: p.detach().float().numpy().copy() for name, p in model.named_parameters()}
+        synced = synced_parameters(model).items()
+        return {name: p.detach().float().numpy().copy() for name, p in synced}
 
 
 def plan_of(source: ModelSource, sync: SynchronizerConfig) -> FragmentPlan:

@@ -57,9 +57,9 @@ def tiny_experiment(
 
 def dataset_of(cfg: DDQConfig) -> Dataset:
     """The stdlib-text dataset of the tiny config (loaded once per test session)."""
-    key = cfg.model.spec().seq_len
+    key = cfg.model.architecture().seq_len
     if key not in _DATASETS:
-        data = cfg.data.spec(vocab_size=cfg.model.spec().vocab_size)
+        data = cfg.data.spec(vocab_size=cfg.model.architecture().vocab_size)
         _DATASETS[key] = build_dataset(data, seq_len=key)
     return _DATASETS[key]
 
