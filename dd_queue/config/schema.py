@@ -495,7 +495,7 @@ class DataConfig(_Section):
         manifest's dataset fingerprint, tokenizer hash and token counts (its JSON is read, the
         token files only measured); otherwise the settings that choose the examples."""
         if self.source == "prepared" and self.path:
-            from dd_queue.data.prepare import read_manifest  # no torch: JSON and stat only
+            from dd_queue.data.manifest import read_manifest  # no torch: JSON and stat only
 
             return {"source": self.source, **read_manifest(self.path).identity()}
         return self.model_dump(

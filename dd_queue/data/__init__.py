@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         build_loader,
         load_corpus,
     )
-    from dd_queue.data.prepare import Manifest, read_manifest
+    from dd_queue.data.manifest import Manifest, read_manifest
     from dd_queue.data.prepared import PreparedDataset
     from dd_queue.data.text import (
         TextDataset,
@@ -52,7 +52,7 @@ __getattr__ = lazy_exports(
         **dict.fromkeys(
             ("Dataset", "ShardLoader", "build_dataset", "build_loader", "load_corpus"), "loader"
         ),
-        **dict.fromkeys(("Manifest", "read_manifest"), "prepare"),
+        **dict.fromkeys(("Manifest", "read_manifest"), "manifest"),
         "PreparedDataset": "prepared",
         **dict.fromkeys(
             (

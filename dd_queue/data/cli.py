@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dd_queue.data.prepare import Manifest
+    from dd_queue.data.manifest import Manifest
 
 __all__ = ["register"]
 

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dd_queue.data.batch import Batch
-from dd_queue.data.prepare import read_manifest
+from dd_queue.data.manifest import read_manifest
 from dd_queue.data.prepared import PreparedDataset
 from dd_queue.data.shards import Ids, ShardCursor, ShardSpec, holdout_split
 from dd_queue.data.spec import TEXT_SOURCES, DataSpec

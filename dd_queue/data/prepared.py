@@ -17,7 +17,7 @@ import numpy.typing as npt
 import torch
 
 from dd_queue.data.batch import Batch
-from dd_queue.data.prepare import Manifest, SplitName
+from dd_queue.data.manifest import Manifest, SplitName
 from dd_queue.errors import ConfigError
 
 

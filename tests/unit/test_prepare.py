@@ -28,7 +28,8 @@ from dd_queue.data import (
     load_corpus,
     read_manifest,
 )
-from dd_queue.data.prepare import prepare, token_dtype
+from dd_queue.data.manifest import token_dtype
+from dd_queue.data.prepare import prepare
 from dd_queue.errors import ConfigError
 
 torch.set_num_threads(1)
