@@ -410,7 +410,10 @@ def test_takeover_owns_every_fragment_within_lease_expiry_plus_one_round(server)
         os.kill(a.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         a.join()
-        bound = cfg.synchronizer.lease_ttl_s + cfg.synchronizer.initial_step_time_s + 0.5
+        # lease expiry (≤ 0.6 s after the kill) + the standby's next lease poll (≤ ttl / 4) +
+        # loading 3 fragments: 0.85-1.21 s measured on a 2-core VM under load (2026-12-03);
+        # #18's target for a standby is lease TTL + 2 s
+        bound = cfg.synchronizer.lease_ttl_s + cfg.synchronizer.initial_step_time_s + 1.0
         while owners(bus, cfg) != ["sync-b"] * 3:
             assert time.monotonic() - killed_at < bound, f"no takeover within {bound} s"
             time.sleep(0.01)
