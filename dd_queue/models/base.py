@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import torch.nn.functional as F
 from torch import Tensor
 
 IGNORE_INDEX = -100
@@ -50,3 +51,11 @@ class ModelOutput(NamedTuple):
     logits: Tensor
     aux_loss: Tensor | None = None
     accuracy: Tensor | None = None
+
+
+def token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean next-token cross-entropy (nats/token), in float32, of logits (B, T, vocab) against
+    targets (B, T); ``IGNORE_INDEX`` targets are skipped. Every LM's loss (presets, hf, module)."""
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+    )

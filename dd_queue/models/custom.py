@@ -23,12 +23,11 @@ import inspect
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dd_queue.errors import ConfigError
 from dd_queue.models.arch import Architecture, parse_factory
-from dd_queue.models.base import IGNORE_INDEX, ModelOutput, TrainBatch
+from dd_queue.models.base import ModelOutput, TrainBatch, token_loss
 
 
 class ModuleLM(nn.Module):
@@ -54,11 +53,7 @@ class ModuleLM(nn.Module):
                 f"object with .logits; it returned {type(out).__name__}. Use adapter 'batch' "
                 "to return the loss yourself"
             )
-        loss = F.cross_entropy(
-            logits.float().reshape(-1, logits.size(-1)),
-            batch.targets.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-        )
+        loss = token_loss(logits, batch.targets)
         return ModelOutput(loss=loss, task_loss=loss, logits=logits)
 
     @staticmethod

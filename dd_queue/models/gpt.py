@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dd_queue.models.base import IGNORE_INDEX, ModelOutput, TrainBatch
+from dd_queue.models.base import ModelOutput, TrainBatch, token_loss
 from dd_queue.models.layers import Block
 from dd_queue.models.moe import MoE
 from dd_queue.models.spec import ModelSpec
@@ -54,9 +54,7 @@ class GPT(nn.Module):
     def forward(self, batch: TrainBatch) -> ModelOutput:
         """Mean next-token cross-entropy (nats/token) over targets that are not ``IGNORE_INDEX``."""
         logits, aux_loss = self.logits(batch.inputs)
-        task_loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE_INDEX
-        )
+        task_loss = token_loss(logits, batch.targets)
         loss = task_loss
         if aux_loss is not None:
             loss = task_loss + self.spec.aux_loss_weight * aux_loss

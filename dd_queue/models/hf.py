@@ -19,12 +19,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dd_queue.errors import ConfigError
 from dd_queue.models.arch import Architecture
-from dd_queue.models.base import IGNORE_INDEX, ModelOutput, TrainBatch
+from dd_queue.models.base import ModelOutput, TrainBatch, token_loss
 from dd_queue.models.builder import synced_parameters
 
 PREFIX = "hf."
@@ -56,11 +55,7 @@ class HFCausalLM(nn.Module):
 
     def forward(self, batch: TrainBatch) -> ModelOutput:
         logits = self.hf(input_ids=batch.inputs, use_cache=False).logits
-        loss = F.cross_entropy(
-            logits.float().reshape(-1, logits.size(-1)),
-            batch.targets.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-        )
+        loss = token_loss(logits, batch.targets)
         return ModelOutput(loss=loss, task_loss=loss, logits=logits)
 
 
