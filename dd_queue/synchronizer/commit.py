@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from dd_queue.bus import AckOp, AppendOp, BlobRef, CommitOp, DeleteOp, SetOp, ops
 from dd_queue.core.policy import Decision, Ema
+from dd_queue.core.tallies import Observed, round_increments
 from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import ContributorRecord, EntryOutcome, GlobalFragment, RoundRecord
@@ -120,12 +121,20 @@ def _next_state(
 ) -> FragmentState:
     """The state after the merge: version + 1, the ring with Θ_p(v+1), counters and EMAs."""
     state = rt.state
+    quorum_s, sync_s = _quorum_sample(rt, decision), max(0.0, ctx.clock.now() - now)
     estimates = state.estimates(Ema()).observe(
-        alpha=ctx.sync.ema_alpha,
-        quorum_s=_quorum_sample(rt, decision),
-        sync_s=max(0.0, ctx.clock.now() - now),
+        alpha=ctx.sync.ema_alpha, quorum_s=quorum_s, sync_s=sync_s
     )
-    new_state = _counted(state, merged.outcomes, settled, held, rounds="rounds_merged")
+    reached = decision.quorum_reached_at_s
+    observed = Observed(
+        contributors=tuple((c.learner_id, c.n_tokens, c.staleness) for c in merged.contributors),
+        durations_s={
+            "open_to_quorum_s": quorum_s,
+            "quorum_to_merge_s": None if reached is None else max(0.0, now - reached),
+            "merge_to_commit_s": sync_s,
+        },
+    )
+    new_state = _counted(state, merged.outcomes, settled, held, observed, rounds="rounds_merged")
     return dataclasses.replace(
         new_state.with_estimates(estimates).counted({"bytes_out": ref.ref.nbytes}),
         version=ref.version,
@@ -157,7 +166,8 @@ def commit_abandon(ctx: Context, rt: FragmentRuntime, decision: Decision, now: f
         for h in held
     )
     settled = [*rt.settled]
-    new_state = _counted(state, (), settled, [], rounds="rounds_abandoned")
+    observed = Observed(durations_s={"open_to_quorum_s": _quorum_sample(rt, decision)})
+    new_state = _counted(state, (), settled, [], observed, rounds="rounds_abandoned")
     new_state = dataclasses.replace(new_state, last_reason=decision.reason, committed_by=ctx.owner)
     record = _record(
         ctx, rt, decision, now, decision.reason, (carried, (), {}), settled, version=state.version
@@ -214,14 +224,22 @@ def _counted(
     outcomes: tuple[EntryOutcome, ...],
     settled: list[Settled],
     held: list[Held],
+    observed: Observed,
     *,
     rounds: str,
 ) -> FragmentState:
+    """The state with the round counted: totals by outcome and decision, bytes in, and the
+    per-learner counts and histograms of ``core.tallies`` (``observed`` without its entries:
+    they are the outcomes and settled entries given here)."""
+    entries = (*outcomes, *(s.outcome for s in settled))
     counts: dict[str, int] = {rounds: 1}
-    for outcome in (*outcomes, *(s.outcome for s in settled)):
+    for outcome in entries:
         counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
     counts["bytes_in"] = sum(h.blob.nbytes for h in held) + sum(s.bytes_in for s in settled)
-    return state.counted(counts)
+    observed = dataclasses.replace(
+        observed, entries=tuple((o.learner_id or "?", o.outcome) for o in entries)
+    )
+    return state.counted(counts).counted(round_increments(observed))
 
 
 def _quorum_sample(rt: FragmentRuntime, decision: Decision) -> float | None:

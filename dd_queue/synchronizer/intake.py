@@ -30,7 +30,8 @@ from typing import cast
 from dd_queue.bus import DeadLetterOp, Entry, SetOp, ops
 from dd_queue.config import digest_mismatch
 from dd_queue.core.rounds import Admission, ContributionMeta, implausible
-from dd_queue.errors import BlobMissing, IncompatibleMessage, ProtocolError
+from dd_queue.core.tallies import dead_letter_increments
+from dd_queue.errors import BlobMissing, DDQError, IncompatibleMessage, ProtocolError
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, EntryOutcomeKind
 from dd_queue.synchronizer.context import Context
@@ -148,7 +149,8 @@ def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected])
     if not rejected:
         return
     bus, p = ctx.bus, rt.fragment_id
-    state = rt.state.counted({"dead_lettered": len(rejected)})
+    named = [(_learner_of(ctx, entry), reason) for entry, reason in rejected]
+    state = rt.state.counted({"dead_lettered": len(rejected), **dead_letter_increments(named)})
     commit_ops: list[DeadLetterOp | SetOp] = [
         DeadLetterOp(entry, SYNC_GROUP, bus.keys.dlq(p), reason, ctx.maxlen)
         for entry, reason in rejected
@@ -160,6 +162,15 @@ def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected])
     for entry, reason in rejected:
         log.warning("contribution.dead_lettered fragment %d entry %s: %s", p, entry.id, reason)
         ctx.emit("contribution.dead_lettered", reason, fragment=p, entry=entry.id)
+
+
+def _learner_of(ctx: Context, entry: Entry) -> str:
+    """The learner a refused entry names, or ``?`` when it does not decode."""
+    try:
+        msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
+    except DDQError:
+        return "?"
+    return msg.learner_id
 
 
 def _log_admission(rt: FragmentRuntime, admission: Admission) -> None:

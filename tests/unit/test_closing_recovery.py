@@ -16,6 +16,7 @@ import pytest
 
 from dd_queue.bus import MemoryBus, ops
 from dd_queue.clock import FakeClock
+from dd_queue.core.tallies import histogram, learner_counts
 from dd_queue.errors import ProtocolError
 from dd_queue.faults import FaultInjector
 from dd_queue.keys import SYNC_GROUP
@@ -124,13 +125,27 @@ def test_a_merge_commits_counters_estimates_reason_owner_record_and_event(bus, c
     assert state.ema_samples == (1, 1)
     # counters: one merged round, its outcomes, bytes read (dup included) and written
     theta_bytes = created.counters["bytes_out"]
-    assert state.counters == {
+    assert {k: n for k, n in state.counters.items() if "/" not in k} == {
         "bytes_out": 2 * theta_bytes,
         "rounds_merged": 1,
         "merged": 2,
         "duplicate": 1,
         "bytes_in": sizes[a] + sizes[dup] + sizes[b],
     }
+    # ... and the exact tallies: per learner, and the phase histograms (0.3 s to the quorum,
+    # 0 s of grace, 0.25 s from the decision to the commit)
+    assert learner_counts(state.counters) == {
+        "L0": {"merged": 1, "duplicate": 1, "tokens_merged": record.contributors[0].n_tokens},
+        "L1": {"merged": 1, "tokens_merged": record.contributors[1].n_tokens},
+    }
+    for name, total in (
+        ("open_to_quorum_s", 0.3),
+        ("quorum_to_merge_s", 0.0),
+        ("merge_to_commit_s", 0.25),
+        ("staleness_versions", 0.0),
+    ):
+        h = histogram(state.counters, name)
+        assert h.total == pytest.approx(total) and h.count == (2 if "staleness" in name else 1)
     # the record: uniform weights, every timing (≥ 0, none padded), the grace window
     assert [(c.learner_id, c.weight) for c in record.contributors] == [("L0", 0.5), ("L1", 0.5)]
     assert {e.entry_id: e.outcome for e in record.entries} == {
@@ -263,7 +278,7 @@ def test_an_abandon_commits_counters_reason_owner_record_and_event(bus, clock, c
     assert state.version == 0 and state.last_merged_round_id is None
     assert state.last_reason == record.reason != created.last_reason
     assert state.committed_by == "sync-b"
-    assert state.counters == {
+    assert {k: n for k, n in state.counters.items() if "/" not in k} == {
         "bytes_out": created.counters["bytes_out"],
         "rounds_abandoned": 1,
         "duplicate": 1,

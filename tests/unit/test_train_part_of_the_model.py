@@ -75,7 +75,9 @@ def _bytes_per_contribution(runner: Any) -> float:
     per_fragment = []
     for rt in runner.sync.fragments.values():
         counters = rt.state.counters
-        settled = sum(v for k, v in counters.items() if not k.startswith(("bytes", "rounds")))
+        settled = sum(
+            v for k, v in counters.items() if "/" not in k and not k.startswith(("bytes", "rounds"))
+        )
         per_fragment.append(counters["bytes_in"] / max(settled, 1))
     return float(sum(per_fragment))
 
