@@ -135,6 +135,8 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
             *_READ_STREAMS,
             *_cmds("write its payloads (SET PX) and drop them", "set", "del", "unlink", "pexpire"),
             *_cmds("append contributions and events", "xadd"),
+            Grant(f"~{p}counts:refused", "count the messages it refused"),
+            *_cmds("count refused messages", "hincrby"),
         ]
         out.append(Role("learner", f"{prefix}-learner-{lid}", tuple(grants)))
     out.append(
@@ -161,6 +163,8 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
                     *("xadd", "xreadgroup", "xack", "xautoclaim", "xclaim", "xpending"),
                     *("xgroup|create", "xgroup|createconsumer", "xlen", "xtrim", "xdel"),
                 ),
+                Grant(f"~{p}counts:refused", "count the messages it refused"),
+                *_cmds("count refused messages", "hincrby"),
             ),
         )
     )
@@ -171,6 +175,7 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
             (
                 Grant(f"%R~{p}*", "read every key of the run (dashboard, API, metrics)"),
                 Grant(f"%W~{p}control:*", "send fault commands"),
+                Grant(f"~{p}counts:*", "count faults sent and heartbeats refused"),
                 beats,
                 events,
                 *_CONNECT,
@@ -181,6 +186,7 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
                 *_cmds("send commands and events", "xadd"),
                 *_cmds("inspect streams and the contribution group", "xlen", "xpending"),
                 *_cmds("stream and group facts for the dashboard", "xinfo|stream", "xinfo|groups"),
+                *_cmds("count faults and refusals", "hincrby"),
             ),
         )
     )

@@ -256,6 +256,11 @@ class Keys:
         """Run-wide stream of round openings ``{fragment_id, round_id, opened_at_s}``."""
         return f"{self.prefix}open"
 
+    def counts(self, name: str) -> str:
+        """Run-wide hash of counters kept across restarts: ``faults`` (sent, by kind),
+        ``refused`` (messages refused, by ``reader|kind|reason``)."""
+        return f"{self.prefix}counts:{check_name('counts name', name)}"
+
 
 def names_fencing_token(key: str) -> bool:
     """Whether ``key`` is a staged blob named after a fencing token (``global:<v>:t<token>``,

@@ -28,6 +28,13 @@ class Value:
 
 
 @dataclass
+class Counts:
+    """A hash of integer counters (``HINCRBY``/``HGETALL``)."""
+
+    fields: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Pending:
     """One pending-list entry: owner, time of last delivery (bus clock), deliveries."""
 
@@ -135,4 +142,4 @@ class Stream:
         return claimed, deleted
 
 
-__all__ = ["Group", "Pending", "Stream", "StreamId", "Value"]
+__all__ = ["Counts", "Group", "Pending", "Stream", "StreamId", "Value"]

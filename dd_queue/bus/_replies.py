@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dd_queue.bus.types import Entry, PendingEntry, PendingSummary
+from dd_queue.bus.types import Entry, MemoryInfo, PendingEntry, PendingSummary
 from dd_queue.errors import BusError
 
 
@@ -139,3 +139,20 @@ def flat_pairs(raw: object) -> list[tuple[bytes, bytes]]:
     """Flat ``[k1, v1, k2, v2, ...]`` (Lua HGETALL / ZRANGE WITHSCORES) → pairs."""
     items = as_list(raw, "script")
     return [(bytes(items[i]), bytes(items[i + 1])) for i in range(0, len(items), 2)]
+
+
+def counts(raw: object) -> dict[str, int]:
+    """HGETALL of a counters hash → name → integer."""
+    if not isinstance(raw, Mapping):
+        raise _unexpected("HGETALL", raw)
+    return {as_str(k, "HGETALL"): as_int(v, "HGETALL") for k, v in raw.items()}
+
+
+def memory_info(raw: object) -> MemoryInfo:
+    """INFO memory → used and max bytes."""
+    if not isinstance(raw, Mapping) or "used_memory" not in raw:
+        raise _unexpected("INFO memory", raw)
+    return MemoryInfo(
+        used_bytes=as_int(raw["used_memory"], "INFO memory"),
+        max_bytes=as_int(raw.get("maxmemory", 0), "INFO memory"),
+    )

@@ -121,3 +121,21 @@ __all__ = [
     "stream_id_ms",
     "ttl_ms",
 ]
+
+
+def check_counts(what: str, increments: Mapping[str, int]) -> dict[str, int]:
+    """A copy of counter increments without the zeros, checked: field names non-empty strings,
+    values non-negative integers (counters only rise).
+
+    Raises:
+        InvalidArgument: An increment breaks one of those rules.
+    """
+    checked: dict[str, int] = {}
+    for name, n in increments.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{what}: field names must be non-empty strings, got {name!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidArgument(f"{what}: {name!r} must rise by an integer >= 0, got {n!r}")
+        if n:
+            checked[name] = n
+    return checked

@@ -42,6 +42,7 @@ from dd_queue.bus.types import (
     Entry,
     HeartbeatInfo,
     Lease,
+    MemoryInfo,
     PendingSummary,
     Reclaimed,
 )
@@ -185,6 +186,28 @@ class Bus(Protocol):
 
     def delete(self, keys: Sequence[str]) -> int:
         """Delete keys of any type (``UNLINK``); returns how many existed."""
+        ...
+
+    # ── counts ────────────────────────────────────────────────────────────────────────────
+    def add_counts(self, key: str, increments: Mapping[str, int]) -> None:
+        """Add ``increments`` to the integer fields of the hash at ``key`` (one ``HINCRBY`` a
+        field, pipelined): counters kept in the bus, so that whoever reads them after a restart
+        reads the same totals. A connection lost mid-call is retried like any command, so a
+        count may be added twice then (never lost once the call returned).
+
+        Raises:
+            InvalidArgument: A field name is empty or an increment is not an integer >= 0.
+            BusError: ``key`` holds another type.
+        """
+        ...
+
+    def read_counts(self, key: str) -> dict[str, int]:
+        """The counters of the hash at ``key`` (``HGETALL``); ``{}`` when it does not exist."""
+        ...
+
+    def memory_info(self) -> MemoryInfo | None:
+        """The server's memory use and limit (``INFO memory``); None where there is no server
+        (MemoryBus) or it has no ``INFO`` (fakeredis)."""
         ...
 
     # ── blobs ─────────────────────────────────────────────────────────────────────────────

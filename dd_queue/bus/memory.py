@@ -29,9 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from dd_queue.bus import _chunks
-from dd_queue.bus._memory_store import Group, Stream, Value
+from dd_queue.bus._memory_store import Counts, Group, Stream, Value
 from dd_queue.bus._redis_conn import BusAddress
 from dd_queue.bus._values import (
+    check_counts,
     check_fields,
     check_key,
     check_maxlen,
@@ -61,6 +62,7 @@ from dd_queue.bus.types import (
     Entry,
     HeartbeatInfo,
     Lease,
+    MemoryInfo,
     PendingSummary,
     Reclaimed,
 )
@@ -104,7 +106,7 @@ class MemoryBus:
         # One re-entrant lock for all state (Redis is single-threaded too); its condition
         # wakes blocked readers on every append.
         self._cond = threading.Condition(threading.RLock())
-        self._data: dict[str, Stream | Value] = {}
+        self._data: dict[str, Stream | Value | Counts] = {}
         self._beats: dict[str, tuple[bytes, float, float]] = {}  # payload, seen_s, expires_s
         self._writes = 0
         self._waiting = 0
@@ -296,6 +298,28 @@ class MemoryBus:
                     existing += 1
             return existing
 
+    # ── counts ────────────────────────────────────────────────────────────────────────────
+    def add_counts(self, key: str, increments: Mapping[str, int]) -> None:
+        check_key("counts key", key)
+        checked = check_counts("add_counts", increments)
+        with self._cond:
+            found = self._counts(key)
+            if not checked:
+                return
+            if found is None:
+                found = self._data[key] = Counts()
+            for name, n in checked.items():
+                found.fields[name] = found.fields.get(name, 0) + n
+
+    def read_counts(self, key: str) -> dict[str, int]:
+        check_key("counts key", key)
+        with self._cond:
+            found = self._counts(key)
+            return dict(found.fields) if found else {}
+
+    def memory_info(self) -> MemoryInfo | None:
+        return None
+
     # ── blobs ─────────────────────────────────────────────────────────────────────────────
     def put_blob(self, key: str, data: BlobData, *, ttl_s: float | None) -> BlobRef:
         check_key("blob key", key)
@@ -479,8 +503,8 @@ class MemoryBus:
         item = self._data.get(key)
         if item is None:
             return None
-        if isinstance(item, Stream):
-            raise BusError(f"WRONGTYPE: {key!r} holds a stream, not a string value")
+        if not isinstance(item, Value):
+            raise BusError(f"WRONGTYPE: {key!r} holds a {_kind(item)}, not a string value")
         if item.expired(self._clock.now()):
             del self._data[key]
             return None
@@ -489,12 +513,24 @@ class MemoryBus:
     def _stream(self, key: str) -> Stream | None:
         """Stream at ``key`` or None; a live string value is WRONGTYPE."""
         item = self._data.get(key)
+        if isinstance(item, Counts):
+            raise BusError(f"WRONGTYPE: {key!r} holds a {_kind(item)}, not a stream")
         if isinstance(item, Value):
             if not item.expired(self._clock.now()):
                 raise BusError(f"WRONGTYPE: {key!r} holds a string value, not a stream")
             del self._data[key]
             return None
         return item
+
+    def _counts(self, key: str) -> Counts | None:
+        """Counters at ``key`` or None; another live type is WRONGTYPE."""
+        item = self._data.get(key)
+        if item is None or isinstance(item, Counts):
+            return item
+        if isinstance(item, Value) and item.expired(self._clock.now()):
+            del self._data[key]
+            return None
+        raise BusError(f"WRONGTYPE: {key!r} holds a {_kind(item)}, not a hash of counters")
 
     def _stream_or_new(self, key: str) -> Stream:
         found = self._stream(key)
@@ -547,3 +583,7 @@ class MemoryBus:
 
 
 __all__ = ["MemoryBus"]
+
+
+def _kind(item: Stream | Value | Counts) -> str:
+    return {Stream: "stream", Value: "string value", Counts: "hash of counters"}[type(item)]

@@ -44,7 +44,7 @@ from dd_queue.errors import (
     ProtocolError,
     Unauthenticated,
 )
-from dd_queue.messages import Contribution, FaultCommand, GlobalFragment, Heartbeat
+from dd_queue.messages import Contribution, Event, FaultCommand, GlobalFragment, Heartbeat
 from dd_queue.wire import BlobCheck, MessageLimits, blob_parts, unpack_blob
 
 CONTROL_KIND = "fault"
@@ -428,11 +428,66 @@ def emit_event(bus: Bus, fields: Mapping[str, bytes], *, maxlen: int | None = 10
     return bus.append(bus.keys.events(), fields, maxlen=maxlen)
 
 
+FAULT_COUNTS = "faults"
+"""The ``Keys.counts`` hash of faults sent, by kind."""
+REFUSED_COUNTS = "refused"
+"""The ``Keys.counts`` hash of refused messages, fields ``<reader>|<kind>|<reason>``."""
+
+
+def report_refused(
+    bus: Bus,
+    reader: str,
+    due: Mapping[tuple[str, str], int],
+    *,
+    at_s: float,
+    maxlen: int | None = 10_000,
+) -> None:
+    """Count a reader's refused messages ``(kind, reason) → n`` in the run's ``refused``
+    counters (kept in the bus: totals survive every restart) and report each pair as a
+    ``message.refused`` event."""
+    if not due:
+        return
+    bus.add_counts(
+        bus.keys.counts(REFUSED_COUNTS), {f"{reader}|{k}|{r}": n for (k, r), n in due.items()}
+    )
+    for (k, r), n in due.items():
+        event = Event(
+            run_id=bus.keys.run_id,
+            kind="message.refused",
+            message=f"{n} {k} message(s) refused by {reader}: {r}",
+            fields={"reader": reader, "message_kind": k, "reason": r, "count": n},
+            at_s=at_s,
+        )
+        emit_event(bus, event.to_fields(), maxlen=maxlen)
+
+
+def count_fault(bus: Bus, kind: str) -> None:
+    """Count one fault sent (the run's ``faults`` counters, kept in the bus)."""
+    bus.add_counts(bus.keys.counts(FAULT_COUNTS), {kind: 1})
+
+
+def fault_counts(bus: Bus) -> dict[str, int]:
+    """Faults sent, by kind (``count_fault``)."""
+    return bus.read_counts(bus.keys.counts(FAULT_COUNTS))
+
+
+def refused_counts(bus: Bus) -> dict[tuple[str, str, str], int]:
+    """The run's refused messages by ``(reader, kind, reason)`` (``report_refused``)."""
+    found: dict[tuple[str, str, str], int] = {}
+    for field, n in bus.read_counts(bus.keys.counts(REFUSED_COUNTS)).items():
+        reader, _, rest = field.partition("|")
+        kind, _, reason = rest.partition("|")
+        found[reader, kind, reason] = n
+    return found
+
+
 __all__ = [
     "BLOB_FIELD",
     "accepted_commands",
     "blob_ref",
+    "count_fault",
     "emit_event",
+    "fault_counts",
     "fetch_blob",
     "global_notification_fields",
     "global_notification_op",
@@ -444,7 +499,9 @@ __all__ = [
     "read_contribution",
     "read_global",
     "read_heartbeat",
+    "refused_counts",
     "rejection_reason",
+    "report_refused",
     "send_command",
     "send_contribution",
 ]

@@ -44,6 +44,7 @@ from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 from dd_queue.bus import _chunks, _replies, _scripts
 from dd_queue.bus._redis_conn import BusAddress, Connections, RedisOptions
 from dd_queue.bus._values import (
+    check_counts,
     check_fields,
     check_key,
     check_maxlen,
@@ -71,12 +72,13 @@ from dd_queue.bus.types import (
     Entry,
     HeartbeatInfo,
     Lease,
+    MemoryInfo,
     PendingEntry,
     PendingSummary,
     Reclaimed,
 )
 from dd_queue.clock import Clock, SystemClock
-from dd_queue.errors import LeaseLost, NoGroup
+from dd_queue.errors import BusError, LeaseLost, NoGroup
 from dd_queue.keys import (
     Keys,
     blob_chunk_key,
@@ -599,6 +601,35 @@ class RedisBus:
         return result
 
     # ── heartbeats (own connection) ───────────────────────────────────────────────────────
+    def add_counts(self, key: str, increments: Mapping[str, int]) -> None:
+        check_key("counts key", key)
+        checked = check_counts("add_counts", increments)
+        if not checked:
+            return
+
+        def send() -> list[object]:  # one HINCRBY a field (no MULTI: the ACLs need no more)
+            with self._conn.control.pipeline(transaction=False) as pipe:
+                for name, n in sorted(checked.items()):
+                    pipe.hincrby(key, name, n)
+                return pipe.execute()
+
+        self._conn.call("add_counts", send)
+
+    def read_counts(self, key: str) -> dict[str, int]:
+        check_key("counts key", key)
+        return _replies.counts(
+            self._conn.call("read_counts", lambda: self._conn.control.hgetall(key))
+        )
+
+    def memory_info(self) -> MemoryInfo | None:
+        try:
+            raw = self._conn.call("info memory", lambda: self._conn.control.info("memory"))
+        except BusError as exc:
+            if "unknown command" in str(exc):  # a server without INFO (fakeredis)
+                return None
+            raise
+        return _replies.memory_info(raw)
+
     def server_time_s(self) -> float:
         raw = _replies.as_list(self._conn.call("time", lambda: self._conn.heartbeat.time()))
         return _replies.as_int(raw[0]) + _replies.as_int(raw[1]) / 1e6

@@ -98,6 +98,19 @@ class PendingSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    """The server's memory (``INFO memory``).
+
+    Attributes:
+        used_bytes: ``used_memory``.
+        max_bytes: ``maxmemory``; 0 when the server has no limit.
+    """
+
+    used_bytes: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Reclaimed:
     """Result of reclaiming idle pending entries (``XAUTOCLAIM`` semantics).
 
@@ -206,6 +219,7 @@ __all__ = [
     "Entry",
     "HeartbeatInfo",
     "Lease",
+    "MemoryInfo",
     "PendingEntry",
     "PendingSummary",
     "Reclaimed",

@@ -37,7 +37,7 @@ from dd_queue.errors import (
     ProtocolError,
 )
 from dd_queue.learner.exchange import Received
-from dd_queue.messages import Event, FaultCommand, GlobalFragment, MessageLimits, RoundOpen
+from dd_queue.messages import FaultCommand, GlobalFragment, MessageLimits, RoundOpen
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -184,16 +184,8 @@ class Follower:
         self._report(due)
 
     def _report(self, due: dict[tuple[str, str], int]) -> None:
-        for (k, r), n in due.items():
-            event = Event(
-                run_id=self.run_id,
-                kind="message.refused",
-                message=f"{n} {k} message(s) refused by {self.learner_id}: {r}",
-                fields={"reader": self.learner_id, "message_kind": k, "reason": r, "count": n},
-                at_s=self._wall(),
-            )
-            with contextlib.suppress(BusError):  # best effort: the count stays in ``refusals``
-                ops.emit_event(self.bus, event.to_fields())
+        with contextlib.suppress(BusError):  # best effort: the count stays in ``refusals``
+            ops.report_refused(self.bus, self.learner_id, due, at_s=self._wall())
 
     # ── global fragments ─────────────────────────────────────────────────────────────────
     def read_globals(

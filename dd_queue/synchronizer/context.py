@@ -130,15 +130,7 @@ class Context:
         self._report(self.refusals.flush(self.clock.now()))
 
     def _report(self, due: Mapping[tuple[str, str], int]) -> None:
-        for (k, r), n in due.items():
-            self.emit(
-                "message.refused",
-                f"{n} {k} message(s) refused: {r}",
-                reader=self.owner,
-                message_kind=k,
-                reason=r,
-                count=n,
-            )
+        ops.report_refused(self.bus, self.owner, due, at_s=self.wall(), maxlen=self.maxlen)
 
     def fault(self, point: str) -> Effect:
         """Apply the effect of the fault armed at ``point``: a kill calls ``kill``, a stall

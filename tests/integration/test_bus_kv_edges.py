@@ -478,3 +478,30 @@ def test_redis_refusing_an_append_names_it_for_either_kind_of_blob(bus_case: Bus
     for blob_key in (bus.keys.up_blob(0, 1, "L0"), bus.keys.global_blob(0, 1, 7)):
         with pytest.raises(BusError, match=r"^Redis refused append_with_blob: .*WRONGTYPE"):
             bus.append_with_blob(stream, {"m": b"1"}, blob_key=blob_key, data=b"x", ttl_s=60)
+
+
+def test_counts_add_up_refuse_bad_increments_and_other_types(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    key = bus.keys.counts("faults")
+    assert bus.read_counts(key) == {}
+    bus.add_counts(key, {"kill": 1, "stall": 0})
+    bus.add_counts(key, {"kill": 2, "slow": 5})
+    assert bus.read_counts(key) == {"kill": 3, "slow": 5}
+    for bad in ({"kill": -1}, {"kill": 1.5}, {"kill": True}, {"": 1}):
+        with pytest.raises(InvalidArgument, match="add_counts"):
+            bus.add_counts(key, bad)  # type: ignore[arg-type]
+    assert bus.read_counts(key) == {"kill": 3, "slow": 5}  # nothing half-applied
+    bus.set(bus.keys.state(0), b"x")
+    with pytest.raises(BusError, match="WRONGTYPE"):
+        bus.add_counts(bus.keys.state(0), {"kill": 1})
+    with pytest.raises(BusError, match="WRONGTYPE"):
+        bus.read_counts(bus.keys.state(0))
+    assert bus.delete([key]) == 1 and bus.read_counts(key) == {}
+
+
+def test_memory_info_reads_the_server(bus_case: BusCase) -> None:
+    info = bus_case.bus.memory_info()
+    if bus_case.kind in ("memory", "fakeredis"):
+        assert info is None  # no server / no INFO
+    else:
+        assert info is not None and info.used_bytes > 0 and info.max_bytes >= 0
