@@ -128,6 +128,7 @@ class Actions:
             )
             fields = cmd.to_fields()
             commands.append(ops.send_command(self.plane.bus, target, fields, auth=self.plane.auth))
+        ops.count_fault(self.plane.bus, req.kind)
         if req.count is not None:
             params = {**params, "count": req.count}
         return commands, params

@@ -96,9 +96,18 @@ class Members:
         self._run_id, self._params, self._limits = run_id, params, limits
         self._auth, self._clock = auth, clock
         self.refusals = Refusals()
+        self._due: dict[tuple[str, str], int] = {}
         self._known: dict[str, _Memory] = {}
         self.learners: tuple[LearnerObs, ...] = ()
         self.synchronizers: tuple[SyncObs, ...] = ()
+
+    def take_refusals(self) -> dict[tuple[str, str], int]:
+        """The heartbeat refusals to report now, ``(kind, reason) → n``: what ``Refusals`` let
+        through since the last call (a flood: once an interval)."""
+        due, self._due = self._due, {}
+        for pair, n in self.refusals.flush(self._clock()).items():
+            due[pair] = due.get(pair, 0) + n
+        return due
 
     def update(self, now: float, infos: dict[str, HeartbeatInfo]) -> None:
         """Classify every learner from the current heartbeats (``Bus.heartbeats()``)."""
@@ -112,6 +121,8 @@ class Members:
             except DDQError as exc:  # never a member: not shown, not kept
                 reason = exc.reason if isinstance(exc, ProtocolError) else type(exc).__name__
                 due = self.refusals.add("heartbeat", reason, self._clock())
+                for pair, n in due.items():
+                    self._due[pair] = self._due.get(pair, 0) + n
                 log.log(
                     logging.WARNING if due else logging.DEBUG,
                     "control.heartbeat_refused %s: %s",

@@ -1,11 +1,12 @@
 """The control plane's model of the run: refreshed from Redis, plus fault and chaos actions.
 
 One :class:`ControlPlane` per app (built by ``create_app``, held in ``app.state``; no module
-globals). ``refresh`` reads heartbeats, the new round records, dead letters and events, and
-every fragment's ``state``; it samples the goodput ledger and advances the fault watches. It is
-incremental and guarded by one lock, so routes, the SSE stream and the background ticker can
-all call it. The only writes are fault commands (``ops.send_command``) and the events that
-record them (``fault.injected``, ``fault.observed``, ``chaos.started``, ``chaos.stopped``).
+globals). ``refresh`` reads heartbeats, the new round records, dead letters and events, every
+fragment's ``state`` and the run's counters of faults and refusals; it samples the goodput
+ledger and advances the fault watches. It is incremental and guarded by one lock, so routes,
+the SSE stream and the background ticker can all call it. The only writes are fault commands
+(``ops.send_command``), the events that record them (``fault.injected``, ``fault.observed``,
+``chaos.started``, ``chaos.stopped``) and the counters of faults sent and heartbeats refused.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class ControlPlane:
         self.ledger = GoodputLedger(self.started_s)
         self.goodput: GoodputSummary = self.ledger.summary(self.started_s)
         self.states: dict[int, FragmentState] = {}
+        self.faults_sent: dict[str, int] = {}
+        """Faults sent, by kind (the run's counters in Redis: every control plane's)."""
+        self.refused: dict[tuple[str, str, str], int] = {}
+        """Messages refused by ``(reader, kind, reason)`` (the run's counters in Redis)."""
         self.watches: dict[str, Watch] = {}
         self.refreshed_s = float("-inf")
         self.generation = 0
@@ -93,8 +98,11 @@ class ControlPlane:
 
     def _refresh(self, now: float) -> None:
         self.members.update(now, self.bus.heartbeats())
+        ops.report_refused(self.bus, "control", self.members.take_refusals(), at_s=self.wall())
         rounds = self.poll_log()
         self.states = self._read_states()
+        self.faults_sent = ops.fault_counts(self.bus)
+        self.refused = ops.refused_counts(self.bus)
         kinds = {
             obs.learner_id: interval_kind(obs.state, obs.beat.state)
             for obs in self.members.learners

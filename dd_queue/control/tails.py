@@ -7,13 +7,14 @@ id is below our position was reset (Redis restarted without persistence): it is 
 from the start. Entries that do not decode are skipped and logged, never fatal.
 
 What is kept: the newest round records, per-learner tallies over every record and dead letter
-read, the staleness histogram, the newest events and the eval-loss history.
+read, the newest events and the eval-loss history. Totals that must survive a restart are not
+counted here but read from the fragments' states and the run's counters (``core.tallies``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,11 +23,9 @@ from dd_queue.bus.types import parse_stream_id
 from dd_queue.errors import DDQError
 from dd_queue.messages import Contribution, Event, MessageLimits, RoundRecord
 
-__all__ = ["STALENESS_BUCKETS", "RunLog", "StreamTail", "Tally"]
+__all__ = ["RunLog", "StreamTail", "Tally"]
 
 log = logging.getLogger("dd_queue.control")
-STALENESS_BUCKETS = (0, 1, 2, 3, 4, 8, 16)
-"""Upper bounds of the staleness histogram (versions behind), Prometheus ``le`` style."""
 _PAGE = 500
 
 
@@ -100,11 +99,7 @@ class RunLog:
         self.events: deque[tuple[str, Event]] = deque(maxlen=keep_events)
         self.evals: deque[Event] = deque(maxlen=keep_events)
         self.tallies: dict[str, Tally] = {}
-        self.staleness: Counter[int] = Counter()
         self.last_round: dict[int, RoundRecord] = {}
-        self.refused: Counter[tuple[str, str, str]] = Counter()
-        """``(reader, message kind, reason)`` → messages refused: dead-lettered contributions
-        and the ``message.refused`` reports of learners and synchronizers."""
 
     def poll(self) -> tuple[list[RoundRecord], list[tuple[str, Event]]]:
         """Read what is new everywhere; returns the new round records (in closing order) and
@@ -115,16 +110,11 @@ class RunLog:
         for tail in self._dlq:
             for entry in tail.poll():
                 self._tally(self._learner_of(entry)).dead_lettered += 1
-                raw = entry.fields.get("ddq.dlq.reason", b"?")
-                tag = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-                self.refused["synchronizer", "contribution", tag.partition(":")[0]] += 1
         new_events = list(self._decode_events())
         for event_id, event in new_events:
             self.events.append((event_id, event))
             if event.kind == "eval.done":
                 self.evals.append(event)
-            elif event.kind == "message.refused":
-                self._count_refused(event)
         return new_rounds, new_events
 
     def _decode_rounds(self) -> Iterator[RoundRecord]:
@@ -157,14 +147,6 @@ class RunLog:
                 self._tally(outcome.learner_id).unmerged += 1
         for c in record.contributors:
             self._tally(c.learner_id).last_weights[record.fragment_id] = c.weight
-            self.staleness[c.staleness] += 1
-
-    def _count_refused(self, event: Event) -> None:
-        f = event.fields
-        count = f.get("count")
-        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-            key = (str(f.get("reader", "?")), str(f.get("message_kind", "?")), str(f.get("reason")))
-            self.refused[key] += count
 
     def _tally(self, learner_id: str) -> Tally:
         return self.tallies.setdefault(learner_id, Tally())

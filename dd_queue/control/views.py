@@ -31,6 +31,7 @@ from dd_queue.control.schemas import (
 )
 from dd_queue.control.tails import Tally
 from dd_queue.core.policy import Ema, grace_window
+from dd_queue.core.tallies import dead_letters
 from dd_queue.fragment_state import fragment_of
 from dd_queue.messages import RoundRecord
 
@@ -200,10 +201,12 @@ def state_view(plane: ControlPlane, *, writes_enabled: bool) -> StateView:
 
 
 def refused_view(plane: ControlPlane) -> list[RefusedView]:
-    """Refused messages by reader, kind and reason: the run log's and the control plane's own."""
-    counts = Counter(plane.log.refused)
-    for (kind, reason), n in plane.members.refusals.total.items():
-        counts["control", kind, reason] += n
+    """Refused messages by reader, kind and reason: the run's counters (every reader's
+    reports) and the synchronizers' dead letters by reason tag, from the fragments' states."""
+    counts = Counter(plane.refused)
+    for st in plane.states.values():
+        for tag, n in dead_letters(st.counters).items():
+            counts["synchronizer", "contribution", tag] += n
     return [
         RefusedView(reader=reader, kind=kind, reason=reason, count=n)
         for (reader, kind, reason), n in sorted(counts.items())

@@ -269,25 +269,6 @@ def test_bad_chaos_requests(run: Run, body, status):
 # ── metrics, SSE, dashboard ─────────────────────────────────────────────────────────────────
 
 
-def test_metrics_expose_the_run(run: Run):
-    answer = run.client.get("/metrics")
-    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
-    text = answer.text
-    for line in (
-        'ddq_rounds_total{decision="merge",fragment="0"} 1.0',
-        'ddq_contributions_total{outcome="dead_lettered"} 1.0',
-        'ddq_learners{state="active"} 2.0',
-        "ddq_merges_total 1.0",
-        'ddq_contribution_staleness_bucket{le="+Inf"} 1.0',
-        "ddq_goodput ",
-        'ddq_stream_length{stream="f0.up"}',
-        'ddq_stream_pending{stream="f0.up"} 0.0',
-        'ddq_grace_window_seconds{fragment="0"}',
-        "ddq_quorum_required 1.0",
-    ):
-        assert line in text, line
-
-
 def test_events_stream_snapshots(run: Run):
     with run.client.stream("GET", "/api/events", params={"limit": 2}) as answer:
         assert answer.headers["content-type"].startswith("text/event-stream")
@@ -307,59 +288,3 @@ def test_dashboard_page_assets_and_plotly_from_the_package(run: Run):
     assert run.client.get("/static/dashboard.js").status_code == 200
     plotly = run.client.get("/vendor/plotly.min.js")
     assert plotly.status_code == 200 and len(plotly.content) > 1_000_000
-
-
-def _documented_metrics() -> set[str]:
-    """The metric names of the control plane README's ``/metrics`` row."""
-    from pathlib import Path
-
-    readme = Path(__file__).resolve().parents[2] / "dd_queue" / "control" / "README.md"
-    row = next(line for line in readme.read_text().splitlines() if "`GET /metrics`" in line)
-    return set(re.findall(r"`(ddq_[a-z_]+)", row))
-
-
-def test_metrics_export_every_documented_series_with_samples(run: Run):
-    """Every series the README lists is exported with at least one sample, and nothing else is
-    (after a merged round, a fault and an evaluation): the list and the exporter agree."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from dd_queue.bus import ops
-    from dd_queue.messages import Event
-
-    assert (
-        run.client.post(
-            "/api/faults", json={"target": "L0", "kind": "stall", "duration_s": 1}, headers=AUTH
-        ).status_code
-        == 201
-    )
-    event = Event(
-        run_id=run.cfg.run.run_id,
-        kind="eval.done",
-        message="held-out loss 3.2",
-        fields={"loss": 3.2, "accuracy": None, "versions": "{}", "min_version": 1, "n_examples": 8},
-        at_s=run.clock.now(),
-    )
-    ops.emit_event(run.bus, event.to_fields(), maxlen=1000)
-    refused = Event(
-        run_id=run.cfg.run.run_id,
-        kind="message.refused",
-        message="2 fault message(s) refused by L0: unauthenticated",
-        fields={"reader": "L0", "message_kind": "fault", "reason": "unauthenticated", "count": 2},
-        at_s=run.clock.now(),
-    )
-    ops.emit_event(run.bus, refused.to_fields(), maxlen=1000)
-    text = run.client.get("/metrics").text
-    exported: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        if not family.name.startswith("ddq_"):
-            continue
-        name = family.name + ("_total" if family.type == "counter" else "")
-        exported[name] = len(family.samples)
-    documented = _documented_metrics()
-    assert set(exported) == documented, (sorted(set(exported) ^ documented), exported)
-    empty = sorted(name for name, n in exported.items() if n == 0)
-    assert not empty, f"series exported without a sample: {empty}"
-    assert "ddq_eval_loss 3.2" in text and 'ddq_faults_total{kind="stall"} 1.0' in text
-    assert (
-        'ddq_refused_messages_total{kind="fault",reader="L0",reason="unauthenticated"} 2.0' in text
-    )
