@@ -46,7 +46,7 @@ def test_procfile_runs_redis_with_aof_and_every_service() -> None:
 def test_compose_has_healthy_redis_and_the_same_services() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"redis", *SERVICES}
+    assert set(services) == {"redis", *SERVICES, "prometheus", "grafana"}  # + monitoring
     assert "--appendonly yes" in services["redis"]["command"][-1]
     redis_check = services["redis"]["healthcheck"]["test"]
     assert redis_check[0] == "CMD-SHELL" and "redis-cli ping" in redis_check[1]
