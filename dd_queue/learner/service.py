@@ -34,7 +34,7 @@ from dd_queue.learner.build import build_learner, resolve_device
 from dd_queue.learner.dist import group_from_env
 from dd_queue.learner.learner import Learner
 from dd_queue.learner.pump import PumpReport
-from dd_queue.log import setup_logging
+from dd_queue.log import fields, setup_logging
 from dd_queue.startup import wait_for
 
 log = logging.getLogger("dd_queue.learner")
@@ -173,6 +173,7 @@ def train(
                 report.lr,
                 learner.n_tokens,
                 learner.versions,
+                extra=fields(learner=learner.learner_id),
             )
 
 

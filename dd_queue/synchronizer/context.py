@@ -11,7 +11,6 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from dd_queue.auth import SYNCHRONIZER, Auth, Refusals
 from dd_queue.bus import Bus, ops
@@ -21,6 +20,7 @@ from dd_queue.core.membership import MembershipParams
 from dd_queue.core.policy import PolicyParams
 from dd_queue.errors import DDQError, ProtocolError
 from dd_queue.faults import Effect, FaultInjector
+from dd_queue.log import fields
 from dd_queue.messages import Event, MessageLimits, Scalar
 from dd_queue.synchronizer.buffers import BufferPool
 
@@ -122,7 +122,7 @@ class Context:
         reason = exc.reason if isinstance(exc, ProtocolError) else type(exc).__name__
         due = self.refusals.add(kind, reason, self.clock.now())
         level = logging.WARNING if due else logging.DEBUG  # a flood logs once an interval
-        log.log(level, "message.refused %s %s: %s", kind, what, exc, extra=_ddq(reason=reason))
+        log.log(level, "message.refused %s %s: %s", kind, what, exc, extra=fields(reason=reason))
         self._report(due)
 
     def flush_refusals(self) -> None:
@@ -138,13 +138,9 @@ class Context:
         effect = self.injector.effect(point)
         if not effect:
             return effect
-        log.warning("fault.fired %s at %s", effect.kind, point, extra=_ddq(fault=effect.fault_id))
+        log.warning("fault.fired %s at %s", effect.kind, point, extra=fields(fault=effect.fault_id))
         if effect.kill:
             self.kill(point)
         if effect.stall_s is not None:
             self.clock.sleep(effect.stall_s)
         return effect
-
-
-def _ddq(**fields: Any) -> Mapping[str, Mapping[str, Any]]:
-    return {"ddq": fields}
