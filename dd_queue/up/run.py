@@ -217,7 +217,7 @@ class _Up:
             if gpus:
                 argv = ["env", f"CUDA_VISIBLE_DEVICES={i % gpus}", *argv]
             self.children.start(lid, argv, restart=True)
-        self.children.start("control", _command("control", self.config))
+        self.children.start("control", _command("control", self.config), restart=True)
         # with the others, not once the run exists: it waits for the run itself, and its first
         # score (version 0 or soon after) is the baseline that "the loss fell" compares with
         self.children.start("evaluator", _command("evaluator", self.config), restart=True)

@@ -59,9 +59,15 @@ class UpProcess:
         return dict(json.loads(self.out.strip().splitlines()[-1]))
 
     def stop(self) -> None:
+        """Stop it as Ctrl-C does (SIGTERM: it stops its services and Redis), SIGKILL after
+        45 s; a SIGKILL alone would leave its services running as orphans."""
         if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            out, err = self.proc.communicate(timeout=45)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
-        out, err = self.proc.communicate()
+            out, err = self.proc.communicate()
         self.out, self.err = self.out + out, self.err + err
 
 
