@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 import dd_queue
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.views import refused_view, state_view
-from dd_queue.core.tallies import dead_letters, histogram, learner_counts
+from dd_queue.core.tallies import dead_letters, histogram, learner_counts, summed
 from dd_queue.keys import SYNC_GROUP
 
 __all__ = ["CATALOGUE", "MetricSpec", "RunCollector", "registry_for"]
@@ -271,12 +271,7 @@ class RunCollector(Collector):
                 out.add("ddq_learner_queue_depth", (*learner, queue), depth)
         for name, n in seen.items():
             out.add("ddq_learners", (name,), n)
-        per_learner: dict[str, dict[str, int]] = {}
-        for st in plane.states.values():
-            for learner_id, counts in learner_counts(st.counters).items():
-                mine = per_learner.setdefault(learner_id, {})
-                for what, n in counts.items():
-                    mine[what] = mine.get(what, 0) + n
+        per_learner = learner_counts(summed(st.counters for st in plane.states.values()))
         for learner_id, counts in sorted(per_learner.items()):
             for outcome in _OUTCOMES:
                 out.add(

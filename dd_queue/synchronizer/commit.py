@@ -126,15 +126,19 @@ def _next_state(
         alpha=ctx.sync.ema_alpha, quorum_s=quorum_s, sync_s=sync_s
     )
     reached = decision.quorum_reached_at_s
-    observed = Observed(
-        contributors=tuple((c.learner_id, c.n_tokens, c.staleness) for c in merged.contributors),
+    new_state = _counted(
+        state,
+        merged.outcomes,
+        settled,
+        held,
+        rounds="rounds_merged",
+        contributors=merged.contributors,
         durations_s={
             "open_to_quorum_s": quorum_s,
             "quorum_to_merge_s": None if reached is None else max(0.0, now - reached),
             "merge_to_commit_s": sync_s,
         },
     )
-    new_state = _counted(state, merged.outcomes, settled, held, observed, rounds="rounds_merged")
     return dataclasses.replace(
         new_state.with_estimates(estimates).counted({"bytes_out": ref.ref.nbytes}),
         version=ref.version,
@@ -166,8 +170,14 @@ def commit_abandon(ctx: Context, rt: FragmentRuntime, decision: Decision, now: f
         for h in held
     )
     settled = [*rt.settled]
-    observed = Observed(durations_s={"open_to_quorum_s": _quorum_sample(rt, decision)})
-    new_state = _counted(state, (), settled, [], observed, rounds="rounds_abandoned")
+    new_state = _counted(
+        state,
+        (),
+        settled,
+        [],
+        rounds="rounds_abandoned",
+        durations_s={"open_to_quorum_s": _quorum_sample(rt, decision)},
+    )
     new_state = dataclasses.replace(new_state, last_reason=decision.reason, committed_by=ctx.owner)
     record = _record(
         ctx, rt, decision, now, decision.reason, (carried, (), {}), settled, version=state.version
@@ -224,20 +234,22 @@ def _counted(
     outcomes: tuple[EntryOutcome, ...],
     settled: list[Settled],
     held: list[Held],
-    observed: Observed,
     *,
     rounds: str,
+    contributors: Sequence[ContributorRecord] = (),
+    durations_s: dict[str, float | None],
 ) -> FragmentState:
     """The state with the round counted: totals by outcome and decision, bytes in, and the
-    per-learner counts and histograms of ``core.tallies`` (``observed`` without its entries:
-    they are the outcomes and settled entries given here)."""
+    per-learner counts and histograms of ``core.tallies``."""
     entries = (*outcomes, *(s.outcome for s in settled))
     counts: dict[str, int] = {rounds: 1}
     for outcome in entries:
         counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
     counts["bytes_in"] = sum(h.blob.nbytes for h in held) + sum(s.bytes_in for s in settled)
-    observed = dataclasses.replace(
-        observed, entries=tuple((o.learner_id or "?", o.outcome) for o in entries)
+    observed = Observed(
+        entries=tuple((o.learner_id or "?", o.outcome) for o in entries),
+        contributors=tuple((c.learner_id, c.n_tokens, c.staleness) for c in contributors),
+        durations_s=durations_s,
     )
     return state.counted(counts).counted(round_increments(observed))
 
