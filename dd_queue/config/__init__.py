@@ -29,6 +29,7 @@ from dd_queue.config.schema import (
     RedisConfig,
     RunConfig,
     SynchronizerConfig,
+    TrackingConfig,
     WireConfig,
     digest_mismatch,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "RedisConfig",
     "RunConfig",
     "SynchronizerConfig",
+    "TrackingConfig",
     "WireConfig",
     "config_path",
     "digest_mismatch",

@@ -717,6 +717,31 @@ class ControlConfig(_Section):
     )
 
 
+class TrackingConfig(_Section):
+    """Experiment tracking: TensorBoard event files, W&B runs (``dd_queue.tracking``)."""
+
+    backends: tuple[Literal["tensorboard", "wandb"], ...] = Field(
+        (), description="Where curves go: tensorboard, wandb, both, or none (off)."
+    )
+    dir: str | None = Field(
+        None,
+        description="Parent of <run_id>/<process>/ tracking folders (null: ./tracking; "
+        "ddq up: the run directory's tracking/).",
+    )
+    every_steps: int = Field(10, ge=1, description="Learner inner steps between logged points.")
+    wandb_project: str = Field("dd_queue", min_length=1, description="W&B project name.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline writes runs to disk for `wandb sync`; online uploads."
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a backend twice: {list(value)}")
+        return value
+
+
 FaultKind = Literal["stall", "slow", "drop", "delay", "corrupt", "disconnect", "kill"]
 
 
@@ -772,6 +797,9 @@ class DDQConfig(_Section):
     control: ControlConfig = Field(default_factory=ControlConfig, description="Control plane.")
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="Fault injection.")
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Signed messages.")
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="TensorBoard and W&B curves."
+    )
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> Self:

@@ -38,6 +38,7 @@ __all__ = [
     "reason_tag",
     "round_increments",
     "summed",
+    "tokens_merged",
 ]
 
 STALENESS_BOUNDS: tuple[float, ...] = (0, 1, 2, 3, 4, 8, 16)
@@ -149,6 +150,11 @@ def learner_counts(counters: Mapping[str, int]) -> dict[str, dict[str, int]]:
             learner_id, _, what = key[len(_LEARNER) :].rpartition("/")
             found.setdefault(learner_id, {})[what] = n
     return found
+
+
+def tokens_merged(counters: Mapping[str, int]) -> int:
+    """Tokens of every merged contribution, all learners together."""
+    return sum(c.get("tokens_merged", 0) for c in learner_counts(counters).values())
 
 
 def dead_letters(counters: Mapping[str, int]) -> dict[str, int]:

@@ -32,10 +32,11 @@ from dd_queue.clock import SystemClock
 from dd_queue.config import DDQConfig
 from dd_queue.learner.build import build_learner, resolve_device
 from dd_queue.learner.dist import group_from_env
-from dd_queue.learner.learner import Learner
+from dd_queue.learner.learner import Learner, StepReport
 from dd_queue.learner.pump import PumpReport
 from dd_queue.log import fields, setup_logging
 from dd_queue.startup import wait_for
+from dd_queue.tracking import NULL_TRACKER, Tracker, open_tracker
 
 log = logging.getLogger("dd_queue.learner")
 
@@ -138,15 +139,53 @@ class PumpThreads:
                 thread.join(timeout=30.0)
 
 
+class TrainCurve:
+    """The learner's points for the tracker: every ``every`` inner steps, the step's loss and
+    learning rate, the tokens/s since the last point and the step-time EMA."""
+
+    def __init__(self, learner: Learner, tracker: Tracker, *, every: int) -> None:
+        self.learner, self.tracker, self.every = learner, tracker, every
+        self._last: tuple[float, int] = (learner.clock.now(), learner.n_tokens)
+
+    def after(self, report: StepReport) -> None:
+        """Log a point when ``report`` trained the step that is due (reads the loss: a GPU
+        sync, once every ``every`` steps)."""
+        if report.loss_t is None or report.step % self.every:
+            return
+        now, tokens = self.learner.clock.now(), self.learner.n_tokens
+        then, tokens_then = self._last
+        self._last = (now, tokens)
+        rate = (tokens - tokens_then) / (now - then) if now > then else None
+        values = {
+            "loss": report.loss,
+            "lr": report.lr,
+            "tokens_per_s": rate,
+            "step_time_s": self.learner.step_time_ema_s,
+            "tokens": tokens,
+        }
+        self.tracker.log("train", values, step=report.step)
+
+
 def train(
-    learner: Learner, stop: TwoStageStop, threads: PumpThreads, *, exit_on_kill: bool = True
+    learner: Learner,
+    stop: TwoStageStop,
+    threads: PumpThreads,
+    *,
+    exit_on_kill: bool = True,
+    tracker: Tracker = NULL_TRACKER,
 ) -> int:
     """Step until done, stopped or killed; returns the exit code.
 
     A ``kill`` fault exits the process at once (code 137); with ``exit_on_kill`` False (a
-    learner thread inside another process) it returns ``KILLED_EXIT_CODE`` instead.
+    learner thread inside another process) it returns ``KILLED_EXIT_CODE`` instead. Every
+    ``tracking.every_steps`` steps a point goes to ``tracker``.
     """
     next_note = learner.clock.now() + _PROGRESS_EVERY_S
+    curve = (
+        TrainCurve(learner, tracker, every=learner.cfg.tracking.every_steps)
+        if tracker.enabled
+        else None
+    )
     while True:
         if threads.error is not None:
             return 1
@@ -158,6 +197,8 @@ def train(
             log.error("learner.killed by a fault: exiting at once")
             logging.shutdown()
             os._exit(KILLED_EXIT_CODE)
+        if curve is not None:
+            curve.after(report)
         if report.stop:
             return 0
         if stop.requested:
@@ -197,6 +238,8 @@ def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
         else None
     )
     stop = TwoStageStop().install()
+    # rank 0 writes the curves; a missing tracking package stops the learner here, untrained
+    tracker = open_tracker(cfg, f"learner-{learner_id}") if group.rank == 0 else NULL_TRACKER
     try:
         role = f"learner {learner_id}"
         if bus is not None and not wait_for(("redis",), cfg=cfg, bus=bus, role=role, stop=stop):
@@ -207,13 +250,14 @@ def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
         if learner.join(stop=stop) is None:
             return 0  # stopped while waiting for the global model
         with PumpThreads(learner, receive_block_ms=cfg.learner.receive_block_ms) as threads:
-            code = train(learner, stop, threads)
+            code = train(learner, stop, threads, tracker=tracker)
         learner.leave()
         return code
     finally:
+        tracker.close()
         if bus is not None:
             bus.close()
         group.close()
 
 
-__all__ = ["KILLED_EXIT_CODE", "PumpThreads", "TwoStageStop", "run", "train"]
+__all__ = ["KILLED_EXIT_CODE", "PumpThreads", "TrainCurve", "TwoStageStop", "run", "train"]

@@ -83,14 +83,16 @@ def _cmd_evaluator(args: argparse.Namespace) -> int:
     from dd_queue.startup import wait_for
     from dd_queue.synchronizer.evaluator import Evaluator
     from dd_queue.synchronizer.service import install_two_stage_stop
+    from dd_queue.tracking import open_tracker
 
     cfg = load_config(args.config, os.environ)
     setup_logging("evaluator", level=cfg.run.log_level, fmt=cfg.run.log_format)
     stop = threading.Event()
     install_two_stage_stop(stop)
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options())
+    tracker = open_tracker(cfg, "evaluator")
     try:
-        evaluator = Evaluator(cfg, bus=bus)
+        evaluator = Evaluator(cfg, bus=bus, tracker=tracker)
         if not wait_for(("redis", "run"), cfg=cfg, bus=bus, role="evaluator", stop=stop):
             return 0
         if args.once:
@@ -107,6 +109,7 @@ def _cmd_evaluator(args: argparse.Namespace) -> int:
         evaluator.run(stop)
     finally:
         bus.close()
+        tracker.close()
     return 0
 
 

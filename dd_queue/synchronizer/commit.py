@@ -33,6 +33,7 @@ from dd_queue.synchronizer import blobs
 from dd_queue.synchronizer.context import Context
 from dd_queue.synchronizer.merge import Merged
 from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
+from dd_queue.tracking import round_scalars
 
 __all__ = ["commit_abandon", "commit_merge"]
 
@@ -104,6 +105,8 @@ def commit_merge(
     ctx.buffers.give([*replaced, merged.scratch])  # nothing reads them any more
     _delete_payloads(ctx, rt, [*(h.blob for h in held), *(s.blob for s in settled)])
     log.info("round.merged fragment %d round %d → version %d: %s", p, r, version, reason)
+    if ctx.tracker.enabled:
+        ctx.tracker.log(f"fragment{p}", round_scalars(record), step=version)
     ctx.emit("round.merged", reason, fragment=p, round=r, version=version, contributors=len(held))
 
 

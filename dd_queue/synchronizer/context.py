@@ -23,6 +23,7 @@ from dd_queue.faults import Effect, FaultInjector
 from dd_queue.log import fields
 from dd_queue.messages import Event, MessageLimits, Scalar
 from dd_queue.synchronizer.buffers import BufferPool
+from dd_queue.tracking import NULL_TRACKER, Tracker
 
 __all__ = ["Context", "hard_kill"]
 
@@ -57,6 +58,7 @@ class Context:
             global fragments and checks contributions, heartbeats and fault commands.
         refusals: Heartbeats and fault commands it refused, by kind and reason (reported as
             ``message.refused`` events; refused contributions are dead-lettered instead).
+        tracker: Where each merged round's stats go (``dd_queue.tracking``; off by default).
     """
 
     bus: Bus
@@ -66,6 +68,7 @@ class Context:
     owner: str
     injector: FaultInjector
     kill: Callable[[str], None]
+    tracker: Tracker = NULL_TRACKER
     digest: str = field(init=False)
     limits: MessageLimits = field(init=False)
     policy: PolicyParams = field(init=False)

@@ -28,8 +28,10 @@ import numpy as np
 
 from dd_queue.bus import Bus
 from dd_queue.config import DDQConfig
+from dd_queue.core.tallies import tokens_merged
 from dd_queue.errors import DDQError
 from dd_queue.messages import Event
+from dd_queue.tracking import NULL_TRACKER, Tracker
 
 __all__ = ["EvalResult", "Evaluator"]
 
@@ -54,16 +56,18 @@ class Evaluator:
     Args:
         cfg: The run's config (model, data, synchronizer.n_fragments).
         bus: The run's bus.
+        tracker: Where each result also goes as ``eval`` (x: the lowest fragment version) and
+            ``eval_by_tokens`` (x: tokens merged into fragment 0) curves.
     """
 
-    def __init__(self, cfg: DDQConfig, *, bus: Bus) -> None:
+    def __init__(self, cfg: DDQConfig, *, bus: Bus, tracker: Tracker = NULL_TRACKER) -> None:
         import torch
 
         from dd_queue.data import ShardLoader, build_dataset
         from dd_queue.models.builder import build
 
         torch.set_num_threads(1)
-        self.cfg, self.bus = cfg, bus
+        self.cfg, self.bus, self.tracker = cfg, bus, tracker
         spec = cfg.model.architecture()
         self.model = build(spec, seed=cfg.run.seed, device="cpu").eval()
         data = cfg.data.spec(vocab_size=spec.vocab_size)
@@ -86,7 +90,7 @@ class Evaluator:
         from dd_queue.models.builder import synced_parameters
         from dd_queue.synchronizer.export import global_model
 
-        tensors, versions, _ = global_model(self.bus, self.cfg)
+        tensors, versions, first = global_model(self.bus, self.cfg)
         with torch.no_grad():
             for name, param in synced_parameters(self.model).items():
                 param.copy_(torch.from_numpy(tensors[name]))
@@ -117,6 +121,9 @@ class Evaluator:
             self.bus.keys.events(), event.to_fields(), maxlen=self.cfg.redis.stream_maxlen
         )
         log.info("eval.done loss %.4f accuracy %s versions %s", loss, accuracy, versions)
+        scores = {"loss": loss, "accuracy": accuracy}
+        self.tracker.log("eval", scores, step=min(versions.values(), default=0))
+        self.tracker.log("eval_by_tokens", scores, step=tokens_merged(first.counters))
         return result
 
     def run(self, stop: threading.Event) -> None:

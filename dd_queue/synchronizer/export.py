@@ -28,9 +28,9 @@ from dd_queue.auth import Auth
 from dd_queue.bus import Bus, ops
 from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import unflatten_fragment
+from dd_queue.core.tallies import tokens_merged
 from dd_queue.errors import ConfigError, CorruptPayload, NotReady
 from dd_queue.fragment_state import FragmentState, fragment_of
-from dd_queue.messages import RoundRecord
 from dd_queue.synchronizer.source import ArraySource
 
 __all__ = [
@@ -128,7 +128,7 @@ def export_hf(bus: Bus, cfg: DDQConfig, out: str | Path) -> dict[str, Any]:
         "architecture": arch.digest,
         "versions": {str(p): v for p, v in versions.items()},
         "rounds_merged": state.counters.get("rounds_merged", 0),
-        "tokens_merged": _tokens_merged(bus, cfg, fragment=0),
+        "tokens_merged": tokens_merged(state.counters),
     }
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent or "."))
     try:
@@ -142,19 +142,6 @@ def export_hf(bus: Bus, cfg: DDQConfig, out: str | Path) -> dict[str, Any]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return metadata
-
-
-def _tokens_merged(bus: Bus, cfg: DDQConfig, *, fragment: int) -> int:
-    """Tokens of the contributions merged into ``fragment`` (every fragment sees about the
-    same), summed over the round records the run still keeps."""
-    limits, total, after = cfg.wire.message_limits(), 0, "0-0"
-    while entries := bus.read(bus.keys.rounds(fragment), after_id=after, count=500):
-        after = entries[-1].id
-        for entry in entries:
-            record = RoundRecord.from_fields(entry.fields, run_id=cfg.run.run_id, limits=limits)
-            if record.decision == "merge":
-                total += sum(c.n_tokens for c in record.contributors)
-    return total
 
 
 def check_export(cfg: DDQConfig, out: str | Path, fmt: str) -> None:

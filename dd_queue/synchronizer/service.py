@@ -28,6 +28,7 @@ from dd_queue.startup import wait_for
 from dd_queue.synchronizer.export import load_init
 from dd_queue.synchronizer.source import ModelSource
 from dd_queue.synchronizer.synchronizer import Synchronizer
+from dd_queue.tracking import open_tracker
 
 __all__ = ["install_two_stage_stop", "pump_until", "serve"]
 
@@ -76,6 +77,7 @@ def serve(
     clock = SystemClock()
     bus = RedisBus(cfg.redis.url, cfg.run.run_id, options=cfg.redis.options(), clock=clock)
     source: ModelSource | None = load_init(init_from, cfg) if init_from else None
+    tracker = open_tracker(cfg, f"synchronizer-{synchronizer_id}")
     sync = Synchronizer(
         cfg,
         bus=bus,
@@ -83,6 +85,7 @@ def serve(
         synchronizer_id=synchronizer_id,
         source=source,
         allow_config_change=allow_config_change,
+        tracker=tracker,
     )
     try:
         if wait_for(("redis",), cfg=cfg, bus=bus, role="synchronizer", stop=stop, clock=clock):
@@ -90,4 +93,5 @@ def serve(
     finally:
         sync.close()
         bus.close()
+        tracker.close()
     return 0

@@ -65,6 +65,7 @@ from dd_queue.synchronizer.runtime import (
     read_state,
 )
 from dd_queue.synchronizer.source import Arrays, ConfigModelSource, ModelSource, plan_of
+from dd_queue.tracking import NULL_TRACKER, Tracker
 
 __all__ = ["FragmentStatus", "Synchronizer"]
 
@@ -92,6 +93,7 @@ class Synchronizer:
             (inline, deterministic) otherwise.
         fetch_processes: Child processes that do it instead (``fetchers``); default
             ``synchronizer.fetch_processes`` on a ``RedisBus`` where they work (Linux), else 0.
+        tracker: Where merged rounds' stats go (``dd_queue.tracking``; the caller closes it).
 
     Raises:
         ConfigError: ``bus`` belongs to another run, or ``synchronizer_id`` is not a safe name.
@@ -111,6 +113,7 @@ class Synchronizer:
         wall: Callable[[], float] = time.time,
         fetch_threads: int | None = None,
         fetch_processes: int | None = None,
+        tracker: Tracker = NULL_TRACKER,
     ) -> None:
         check_name("synchronizer_id", synchronizer_id)
         if bus.keys.run_id != cfg.run.run_id:
@@ -123,6 +126,7 @@ class Synchronizer:
             owner=synchronizer_id,
             injector=injector or FaultInjector(synchronizer_id, clock=clock),
             kill=kill,
+            tracker=tracker,
         )
         self._source = source or ConfigModelSource(cfg.model, cfg.run.seed)
         self._allow_config_change = allow_config_change

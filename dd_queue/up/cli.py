@@ -3,6 +3,7 @@
     ddq up                                    demo: config/demo.yaml, 3 learners, until Ctrl-C
     ddq up --duration 90 --learners 3 --json  stop after 90 s; the summary as JSON, last line
     ddq up --chaos                            also start the default chaos schedule
+    ddq up --track tensorboard,wandb          curves in <run dir>/tracking (dd_queue.tracking)
 
 It starts a private Redis on a free port with AOF in the run directory
 (``runs/<run_id>-<timestamp>/``, with every process's log): ``redis-server`` or ``valkey-server``
@@ -21,6 +22,7 @@ from typing import Any
 
 from dd_queue.config import CONFIG_HELP, DDQConfig, config_path, load_config
 from dd_queue.synchronizer.export import check_export, load_init
+from dd_queue.tracking import TRACKING_BACKENDS, check_backends
 from dd_queue.up.run import UpOptions, run_up
 from dd_queue.up.servers import INSTALL_HINT, find_server
 from dd_queue.up.summary import Summary, format_summary, summary_json
@@ -95,8 +97,25 @@ def register(sub: Any) -> None:
         default="ddq",
         help="ddq: one safetensors file; hf: a transformers directory (model.source hf)",
     )
+    p.add_argument(
+        "--track",
+        type=_backends,
+        metavar="tensorboard,wandb",
+        help="write curves to TensorBoard and/or W&B (offline) under <run dir>/tracking "
+        "(sets tracking.backends; needs the extras of the same names)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_cmd_up)
+
+
+def _backends(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(set(names) - set(TRACKING_BACKENDS))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"--track takes a comma list of {', '.join(TRACKING_BACKENDS)}; got {text!r}"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def options_from_args(args: argparse.Namespace) -> UpOptions:
@@ -118,7 +137,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     # learner ids L0..L<n-1> pick data shards below membership.expected_learners
     environ = {**os.environ, "DDQ__MEMBERSHIP__EXPECTED_LEARNERS": str(opts.learners)}
+    if args.track:
+        environ["DDQ__TRACKING__BACKENDS"] = "[" + ", ".join(args.track) + "]"
     cfg = load_config(opts.config, environ)
+    check_backends(cfg.tracking.backends)  # a missing extra: said now, before anything starts
     if opts.export is not None:  # refused now, not after the run
         check_export(cfg, opts.export, opts.export_format)
     if opts.init_from is not None:  # a checkpoint that does not fit: said now, not in a log

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from dd_queue.learner.service import KILLED_EXIT_CODE, PumpThreads, TwoStageStop
 from dd_queue.synchronizer.export import load_init
 from dd_queue.synchronizer.service import pump_until
 from dd_queue.synchronizer.synchronizer import Synchronizer
+from dd_queue.tracking import Tracker, open_tracker
 from dd_queue.up.procs import RESTART_BACKOFF_S
 from dd_queue.up.progress import RunWatch
 from dd_queue.up.run import (
@@ -59,6 +61,7 @@ from dd_queue.up.run import (
     make_run_dir,
     pick_port,
     start_chaos,
+    tracking_overrides,
     watch_until_done,
 )
 from dd_queue.up.summary import Summary
@@ -166,6 +169,10 @@ class _InProcess:
 
     # ── roles ─────────────────────────────────────────────────────────────────────────────
     def _synchronizer(self) -> None:
+        with closing(open_tracker(self.cfg, "synchronizer-sync-0")) as tracker:
+            self._synchronizer_runs(tracker)
+
+    def _synchronizer_runs(self, tracker: Tracker) -> None:
         while not self.stopping.is_set():
             clock = SystemClock()
             bus = self.new_bus(clock=clock)
@@ -178,6 +185,7 @@ class _InProcess:
                     synchronizer_id="sync-0",
                     kill=_kill,
                     source=self.initial,
+                    tracker=tracker,
                 )
                 pump_until(sync, clock, self.stopping)
                 return
@@ -200,14 +208,15 @@ class _InProcess:
     def _learner(self, learner_id: str) -> None:
         """Run the learner; after a kill fault start it again (an exception ends the thread)."""
         stop = self.learner_stops[learner_id]
-        while self._learner_once(learner_id, stop) == KILLED_EXIT_CODE:
-            self.note(f"{learner_id} killed by a fault: will restart")
-            stop.wait(RESTART_BACKOFF_S)
-            if stop.requested:
-                return
-            self._restarted(learner_id)
+        with closing(open_tracker(self.cfg, f"learner-{learner_id}")) as tracker:
+            while self._learner_once(learner_id, stop, tracker) == KILLED_EXIT_CODE:
+                self.note(f"{learner_id} killed by a fault: will restart")
+                stop.wait(RESTART_BACKOFF_S)
+                if stop.requested:
+                    return
+                self._restarted(learner_id)
 
-    def _learner_once(self, learner_id: str, stop: TwoStageStop) -> int:
+    def _learner_once(self, learner_id: str, stop: TwoStageStop, tracker: Tracker) -> int:
         """Build, join, train until stopped or killed, leave; returns the exit code."""
         bus = self.new_bus()
         try:
@@ -222,7 +231,7 @@ class _InProcess:
             learner.join()
             block_ms = self.cfg.learner.receive_block_ms
             with PumpThreads(learner, receive_block_ms=block_ms, name=learner_id) as threads:
-                code = train(learner, stop, threads, exit_on_kill=False)
+                code = train(learner, stop, threads, exit_on_kill=False, tracker=tracker)
             if code == KILLED_EXIT_CODE:
                 return code  # a dead process flushes nothing
             if code != 0:
@@ -238,8 +247,9 @@ class _InProcess:
         from dd_queue.synchronizer.evaluator import Evaluator
 
         bus = self.new_bus()
+        tracker = open_tracker(self.cfg, "evaluator")
         try:
-            evaluator = Evaluator(self.cfg, bus=bus)
+            evaluator = Evaluator(self.cfg, bus=bus, tracker=tracker)
             while not self.stopping.is_set():
                 try:
                     evaluator.evaluate()
@@ -247,6 +257,7 @@ class _InProcess:
                     log.exception("up.evaluation_failed %s", exc)
                 self.stopping.wait(self.cfg.synchronizer.eval_interval_s)
         finally:
+            tracker.close()
             bus.close()
 
     def _control(self) -> None:
@@ -395,6 +406,9 @@ def run_in_process(cfg: DDQConfig, opts: UpOptions, *, environ: Mapping[str, str
     (run_dir / NOTICE_NAME).write_text(NOTICE + "\n", encoding="utf-8")
     token = environ.get("DDQ__CONTROL__ADMIN_TOKEN") or secrets.token_urlsafe(24)
     cfg = _with_control(cfg, pick_port(opts.port, cfg.control.port), token)
+    if tracked := tracking_overrides(cfg, run_dir):
+        tracking = cfg.tracking.model_copy(update={"dir": tracked["DDQ__TRACKING__DIR"]})
+        cfg = cfg.model_copy(update={"tracking": tracking})
     undo_logging = _log_to(run_dir / LOG_NAME, cfg.run.log_level)
     log.warning("up.inprocess %s", NOTICE)
     threads_before = torch.get_num_threads()

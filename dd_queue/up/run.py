@@ -305,6 +305,7 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
         if given is None
         else given.get_secret_value(),
     }
+    overrides.update(tracking_overrides(cfg, run_dir))
     if cfg.redis.password is not None:  # a password in the user's URL is not in redis.url
         overrides["DDQ__REDIS__PASSWORD"] = cfg.redis.password.get_secret_value()
     if cfg.auth.keys_dir is None:  # every run signs its messages: keys of its own (mode 0600)
@@ -328,6 +329,14 @@ def run_up(cfg: DDQConfig, opts: UpOptions, *, binary: str, environ: dict[str, s
         finally:
             redis.stop()
     return up.summary
+
+
+def tracking_overrides(cfg: DDQConfig, run_dir: Path) -> dict[str, str]:
+    """``tracking.dir`` in the run directory (``tracking/``) when curves are on and the config
+    names no directory of its own."""
+    if not cfg.tracking.backends or cfg.tracking.dir is not None:
+        return {}
+    return {"DDQ__TRACKING__DIR": str(run_dir / "tracking")}
 
 
 def export_final(bus: Bus, cfg: DDQConfig, opts: UpOptions, summary: Summary) -> None:

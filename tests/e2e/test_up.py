@@ -1,7 +1,9 @@
-"""``ddq up --duration 90 --learners 3 --json`` as a user runs it: the demo learns.
+"""``ddq up --duration 90 --learners 3 --track tensorboard,wandb --json`` as a user runs it:
+the demo learns, and its curves are in TensorBoard and W&B.
 
 The summary (last stdout line, JSON) must show merged rounds, a held-out loss that fell and a
-merged contribution from every learner.
+merged contribution from every learner. Every process's TensorBoard event files and W&B offline
+run, read back, hold its scalars and the run's config and digests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import require_redis_server
+from tests.tracking_support import tb_hparams, tb_scalars, wandb_run, wandb_run_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -28,6 +31,7 @@ def test_ddq_up_demo_learns(tmp_path: Path) -> None:
         [
             sys.executable, "-m", "dd_queue.cli", "up",
             "--duration", "90", "--learners", "3", "--json", "--runs-dir", str(tmp_path),
+            "--track", "tensorboard,wandb",
         ],
         cwd=ROOT,
         env=env,
@@ -50,3 +54,47 @@ def test_ddq_up_demo_learns(tmp_path: Path) -> None:
     assert (run_dir / "appendonlydir").is_dir(), "Redis AOF not in the run dir"
     for name in ("synchronizer", "L0", "L1", "L2", "evaluator", "control"):
         assert (run_dir / f"{name}.log").stat().st_size > 0, name
+    _check_tracking(run_dir / "tracking" / "demo", summary)
+
+
+TRAIN = {"loss", "lr", "tokens_per_s", "step_time_s", "tokens"}
+ROUND = {"contributors", "tokens", "weight_max", "staleness_mean", "grace_window_s", "late"}
+
+
+def _check_tracking(where: Path, summary: dict[str, object]) -> None:
+    """Each process's curves, in TensorBoard and W&B, with the run's config and digests."""
+    expected = {"learner-L0", "learner-L1", "learner-L2", "synchronizer-sync-0", "evaluator"}
+    assert {p.name for p in where.iterdir()} == expected
+    digests = set()
+    for process in sorted(expected):
+        scalars, hparams = tb_scalars(where / process), tb_hparams(where / process)
+        assert hparams["process"] == process and hparams["run.run_id"] == "demo", hparams
+        digests.add(hparams["run_digest"])
+        (run_file,) = wandb_run_files(where / process)
+        wb = wandb_run(run_file)
+        assert wb["run"]["group"] == "demo" and wb["run"]["name"] == f"demo/{process}"
+        assert wb["config"]["run_digest"] == hparams["run_digest"]
+        logged = {k for row in wb["history"] for k in row if not k.startswith("_")}
+        tb_names = set(scalars)
+        assert tb_names <= logged, (process, tb_names - logged)  # the same curves in both
+        if process.startswith("learner"):
+            assert {f"train/{n}" for n in TRAIN} <= tb_names, tb_names
+            steps = [s for s, _ in scalars["train/loss"]]
+            assert len(steps) >= 5 and steps == sorted(steps) and steps[0] % 10 == 0, steps
+            assert all(v > 0 for _, v in scalars["train/tokens_per_s"]), scalars
+            first, last = scalars["train/loss"][0][1], scalars["train/loss"][-1][1]
+            assert last < first, (process, first, last)  # the train loss fell
+        elif process == "evaluator":
+            assert {"eval/loss", "eval_by_tokens/loss"} <= tb_names, tb_names
+            assert len(scalars["eval/loss"]) == summary["evals"], (scalars, summary)
+            tokens = [s for s, _ in scalars["eval_by_tokens/loss"]]
+            assert tokens == sorted(tokens) and tokens[-1] > 0, tokens
+        else:
+            versions = summary["versions"]
+            assert isinstance(versions, dict)
+            for p, seen in versions.items():  # every merged version logged once, in order
+                steps = [s for s, _ in scalars[f"fragment{p}/contributors"]]
+                assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen, steps
+            assert {f"fragment0/{n}" for n in ROUND} <= tb_names, tb_names
+            assert all(1 <= v <= 3 for _, v in scalars["fragment0/contributors"]), scalars
+    assert len(digests) == 1, digests  # one run: one run digest everywhere
