@@ -179,6 +179,8 @@ class Heartbeat(Message):
         queue_depths: Background queue name → items waiting (e.g. ``publish``, ``receive``).
         device, host, pid: Where the member runs.
         sent_at_s: Sender's wall-clock time, seconds since the epoch.
+        train_loss: A learner's loss at its latest inner step (None: no step yet, the loss
+            was not finite, or not a learner): the dashboard's per-learner curves.
     """
 
     TYPE: ClassVar[str] = "heartbeat"
@@ -196,6 +198,7 @@ class Heartbeat(Message):
     host: str
     pid: int
     sent_at_s: float
+    train_loss: float | None = None
 
     def _validate(self, limits: MessageLimits) -> None:
         require_text(self, "run_id", "member_id", "state")

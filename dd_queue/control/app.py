@@ -33,16 +33,23 @@ from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
 from dd_queue.control.auth import AdminGate
 from dd_queue.control.guard import Guard, allowed_hosts
-from dd_queue.control.metrics import registry_for
+from dd_queue.control.metrics import alert_sample, registry_for
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.routes import ROUTERS
 from dd_queue.control.routes.dashboard import STATIC_DIR
 from dd_queue.errors import BusError, DDQError, Refused
 from dd_queue.startup import NOTE_EVERY_S
 
-__all__ = ["JsonBodies", "create_app"]
+__all__ = ["JsonBodies", "create_app", "tick"]
 
 log = logging.getLogger("dd_queue.control")
+
+
+def tick(plane: ControlPlane) -> None:
+    """The ticker's step: refresh the plane, fire due chaos faults, evaluate the alerts."""
+    with plane.lock:
+        plane.tick()
+        plane.alerting.observe(alert_sample(plane), plane.wall())
 
 
 async def _ticker(plane: ControlPlane, period_s: float) -> None:
@@ -50,7 +57,7 @@ async def _ticker(plane: ControlPlane, period_s: float) -> None:
     next_note_s = 0.0
     while True:
         try:
-            await anyio.to_thread.run_sync(plane.tick)
+            await anyio.to_thread.run_sync(tick, plane)
         except DDQError as exc:  # Redis down: keep ticking, it may come back
             now = time.monotonic()
             failing_since = now if failing_since is None else failing_since

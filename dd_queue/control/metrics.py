@@ -36,10 +36,12 @@ from prometheus_client.registry import Collector
 import dd_queue
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.views import refused_view, state_view
+from dd_queue.core.alerts import METRICS as ALERT_METRICS
+from dd_queue.core.alerts import Labels, Sample, labels_of
 from dd_queue.core.tallies import dead_letters, histogram, learner_counts, summed
 from dd_queue.keys import SYNC_GROUP
 
-__all__ = ["CATALOGUE", "MetricSpec", "RunCollector", "registry_for"]
+__all__ = ["CATALOGUE", "MetricSpec", "RunCollector", "alert_sample", "registry_for"]
 
 Kind = Literal["counter", "gauge", "histogram"]
 
@@ -107,6 +109,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "learner"),
     _m("ddq_tokens_total", "counter", "Tokens trained since the learner started.", "learner"),
     _m("ddq_learner_step_seconds", "gauge", "Moving average of one inner step.", "learner"),
+    _m("ddq_learner_train_loss", "gauge", "Loss of the learner's latest inner step.", "learner"),
     _m("ddq_learner_heartbeat_age_seconds", "gauge", "Seconds since the learner's heartbeat.",
        "learner"),
     _m("ddq_learner_queue_depth", "gauge", "Items waiting in a learner's background queue.",
@@ -198,8 +201,12 @@ class RunCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Refresh the plane and yield every catalogue family (called at each scrape)."""
+        self.plane.refresh()
+        yield from self.gather().by_name.values()
+
+    def gather(self) -> _Families:
+        """Every catalogue family, from the plane as it is (no refresh)."""
         plane = self.plane
-        plane.refresh()
         out = _Families()
         with plane.lock:
             self._info(plane, out)
@@ -207,7 +214,7 @@ class RunCollector(Collector):
             self._learners(plane, out)
             self._run(plane, out)
         self._redis(plane, out)
-        yield from out.by_name.values()
+        return out
 
     def _info(self, plane: ControlPlane, out: _Families) -> None:
         out.add(
@@ -265,6 +272,8 @@ class RunCollector(Collector):
             out.add("ddq_tokens_total", learner, beat.n_tokens)
             if beat.step_time_ema_s is not None:
                 out.add("ddq_learner_step_seconds", learner, beat.step_time_ema_s)
+            if beat.train_loss is not None:
+                out.add("ddq_learner_train_loss", learner, beat.train_loss)
             if obs.heartbeat_age_s is not None:
                 out.add("ddq_learner_heartbeat_age_seconds", learner, obs.heartbeat_age_s)
             for queue, depth in sorted(beat.queue_depths.items()):
@@ -310,6 +319,17 @@ class RunCollector(Collector):
         if memory is not None:
             out.add("ddq_redis_memory_used_bytes", (), memory.used_bytes)
             out.add("ddq_redis_memory_max_bytes", (), memory.max_bytes)
+
+
+def alert_sample(plane: ControlPlane) -> Sample:
+    """The values the alert rules read (``core.alerts.METRICS``), as ``/metrics`` would export
+    them now (no refresh)."""
+    values: dict[str, dict[Labels, float]] = {name: {} for name in ALERT_METRICS}
+    for family in RunCollector(plane).gather().by_name.values():
+        for sample in family.samples:
+            if sample.name in values:
+                values[sample.name][labels_of(**sample.labels)] = sample.value
+    return Sample(at_s=plane.clock.now(), values=values)
 
 
 def registry_for(plane: ControlPlane) -> CollectorRegistry:

@@ -15,6 +15,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from dd_queue.auth import CONTROL, Auth
@@ -22,6 +23,7 @@ from dd_queue.bus import Bus, ops
 from dd_queue.clock import Clock
 from dd_queue.config import DDQConfig
 from dd_queue.control.actions import Actions
+from dd_queue.control.alerting import Alerting
 from dd_queue.control.faultbook import FaultBook
 from dd_queue.control.ledger import GoodputLedger, interval_kind
 from dd_queue.control.members import Members
@@ -77,6 +79,11 @@ class ControlPlane:
         self.refreshed_s = float("-inf")
         self.generation = 0
         self.actions = Actions(self)
+        self.train_losses: dict[str, deque[tuple[float, int, float]]] = {}
+        """Learner → (wall time, step, train loss) from its heartbeats, the last 600 steps seen
+        (in memory: the dashboard's curves start afresh with the control plane)."""
+        self.alerting = Alerting()
+        """The alert rules' samples and the alerts now (fed by the ticker: ``app``)."""
 
     # ── refresh ───────────────────────────────────────────────────────────────────────────
     def refresh(self, max_age_s: float = 0.0) -> None:
@@ -98,6 +105,7 @@ class ControlPlane:
 
     def _refresh(self, now: float) -> None:
         self.members.update(now, self.bus.heartbeats())
+        self._note_losses()
         ops.report_refused(self.bus, "control", self.members.take_refusals(), at_s=self.wall())
         rounds = self.poll_log()
         self.states = self._read_states()
@@ -112,6 +120,13 @@ class ControlPlane:
         self._observe(now, rounds)
         self.refreshed_s = now
         self.generation += 1
+
+    def _note_losses(self) -> None:
+        """Each learner's train loss, once per new step its heartbeat reports."""
+        for obs in self.members.learners:
+            beat, curve = obs.beat, self.train_losses.setdefault(obs.learner_id, deque(maxlen=600))
+            if beat.train_loss is not None and (not curve or curve[-1][1] != beat.step):
+                curve.append((beat.sent_at_s, beat.step, beat.train_loss))
 
     def poll_log(self) -> list[RoundRecord]:
         """Read new records and events; fold the events into the fault book and chaos store.

@@ -83,6 +83,7 @@ class LearnerView(_View):
     step: int
     n_tokens: int
     step_time_s: float | None
+    train_loss: float | None = Field(description="Loss of its latest inner step (heartbeat).")
     contributions: Contributions
     last_weights: dict[str, float] = Field(description="Fragment → weight in its last merge.")
     versions: dict[str, int] = Field(description="Fragment → global version it holds.")
@@ -273,6 +274,39 @@ class EventView(_View):
     fields: dict[str, str | int | float | bool | None]
 
 
+class AlertView(_View):
+    """An alert of ``deploy/alerts.yml``'s rules, evaluated by the control plane."""
+
+    name: str = Field(description="The rule, as in deploy/alerts.yml (e.g. DDQLearnerDead).")
+    severity: str = Field(description="warning or critical.")
+    state: Literal["pending", "firing"] = Field(
+        description="pending until the condition has held for the rule's `for`, then firing."
+    )
+    since_s: float = Field(description="When the condition began to hold (epoch seconds).")
+    subject: str = Field(description="What it is about: learner L1, fragment 2, run, ...")
+    link: str = Field(description="Dashboard anchor that shows it (#learner-L1, #fragment-2).")
+    value: float | None = Field(description="The value the condition tested (null: not finite).")
+    summary: str
+    description: str
+
+
+class AlertRuleView(_View):
+    """One alert rule."""
+
+    name: str
+    severity: str
+    for_s: float = Field(description="How long the condition must hold before it fires.")
+    description: str
+
+
+class AlertsView(_View):
+    """The alerts now, and every rule they come from."""
+
+    alerts: list[AlertView]
+    rules: list[AlertRuleView]
+    evaluated_at_s: float | None = Field(description="The last evaluation (null: none yet).")
+
+
 class DashboardSnapshot(_View):
     """Everything the dashboard shows, in one message (also each SSE ``snapshot`` event)."""
 
@@ -283,3 +317,7 @@ class DashboardSnapshot(_View):
     rounds: list[RoundView]
     faults: list[FaultView]
     events: list[EventView]
+    alerts: list[AlertView] = Field(description="The alerts now (GET /api/alerts).")
+    train_loss: dict[str, list[tuple[float, int, float]]] = Field(
+        description="Learner → (time, step, train loss) from its heartbeats, oldest first."
+    )

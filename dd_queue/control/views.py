@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import Counter
 
@@ -12,6 +13,9 @@ from dd_queue.control.faultbook import FaultRecord
 from dd_queue.control.members import LearnerObs
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.schemas import (
+    AlertRuleView,
+    AlertsView,
+    AlertView,
     ChaosSchedule,
     ChaosView,
     Contributions,
@@ -30,6 +34,7 @@ from dd_queue.control.schemas import (
     SynchronizerView,
 )
 from dd_queue.control.tails import Tally
+from dd_queue.core.alerts import RULES
 from dd_queue.core.policy import Ema, grace_window
 from dd_queue.core.tallies import dead_letters
 from dd_queue.fragment_state import fragment_of
@@ -50,6 +55,7 @@ def learner_view(plane: ControlPlane, obs: LearnerObs) -> LearnerView:
         step=hb.step,
         n_tokens=hb.n_tokens,
         step_time_s=hb.step_time_ema_s,
+        train_loss=hb.train_loss,
         contributions=Contributions(
             sent=tally.sent,
             merged=tally.merged,
@@ -293,3 +299,38 @@ def event_views(plane: ControlPlane, limit: int) -> list[EventView]:
         EventView(id=eid, kind=e.kind, message=e.message, at_s=e.at_s, fields=dict(e.fields))
         for eid, e in list(plane.log.events)[::-1][:limit]
     ]
+
+
+def alert_views(plane: ControlPlane) -> list[AlertView]:
+    """The alerts of the last evaluation, their start as wall-clock time."""
+    offset = plane.alerting.wall_offset_s
+    return [
+        AlertView(
+            name=a.name,
+            severity=a.severity,
+            state=a.state,
+            since_s=a.since_s + offset,
+            subject=a.subject,
+            link=a.link,
+            value=a.value if math.isfinite(a.value) else None,
+            summary=a.summary,
+            description=a.description,
+        )
+        for a in plane.alerting.alerts
+    ]
+
+
+def alerts_view(plane: ControlPlane) -> AlertsView:
+    """The alerts now and every rule (``core.alerts.RULES``)."""
+    history = plane.alerting.history
+    offset = plane.alerting.wall_offset_s
+    return AlertsView(
+        alerts=alert_views(plane),
+        rules=[
+            AlertRuleView(
+                name=r.name, severity=r.severity, for_s=r.for_s, description=r.description
+            )
+            for r in RULES
+        ],
+        evaluated_at_s=history[-1].at_s + offset if history else None,
+    )

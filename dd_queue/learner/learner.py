@@ -23,6 +23,7 @@ Usage: see the package docstring (``dd_queue.learner``).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -176,6 +177,7 @@ class Learner:
         self._last_end_s: float | None = None
         self._stop_requested = False
         self._dead = False
+        self._last_loss_t: torch.Tensor | None = None  # the heartbeat's train_loss
 
     def _forward_of(self, model: nn.Module) -> Any:
         forward: Any = model
@@ -290,6 +292,7 @@ class Learner:
         started_s = self.clock.now()
         batch = next(self.loader)
         loss, lr = self.inner.train_step(batch)
+        self._last_loss_t = loss
         agreed = self.sync.agree(
             count_tokens(batch),
             stop=self._stop_requested,
@@ -432,7 +435,18 @@ class Learner:
             host=self.identity.host,
             pid=self.identity.pid,
             sent_at_s=time.time(),
+            train_loss=self.train_loss,
         )
+
+    @property
+    def train_loss(self) -> float | None:
+        """The loss of the latest inner step (reads the tensor: a GPU sync, once a heartbeat);
+        None before the first step or when it is not finite."""
+        loss_t = self._last_loss_t
+        if loss_t is None:
+            return None
+        loss = float(loss_t)
+        return loss if math.isfinite(loss) and loss >= 0 else None
 
 
 __all__ = ["Learner", "StepReport"]

@@ -69,6 +69,11 @@ def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
             page.wait_for_selector(f"tr[data-learner={learner}][data-state=active]")
         page.wait_for_selector("#conn.ok")
         page.wait_for_selector("#timeline .bars")  # Plotly drew the round timeline
+        page.wait_for_function(  # one train-loss curve per learner, from their heartbeats
+            "() => { const d = document.getElementById('train').data;"
+            " return d && d.length === 2 && d.every((t) => t.y.length > 1); }",
+            timeout=60_000,
+        )
         page.click("tr[data-learner=L1] button[data-fault=stall]")
         page.wait_for_selector("#action-msg:has-text('stall sent to L1')")
         page.wait_for_selector("tr[data-learner=L1][data-state=stalled]", timeout=10_000)
@@ -193,3 +198,50 @@ def test_every_control_of_the_dashboard_works_in_a_browser(
         system.redis.start()
         page.wait_for_selector("#conn.ok", timeout=60_000)  # and the page recovers
     assert not errors, errors
+
+
+def test_the_alerts_panel_fires_on_a_dead_learner_and_links_to_it(
+    system: System, tmp_path: Path
+) -> None:
+    """A killed learner: DDQLearnerDead is pending, then firing after the rule's 30 s, in the
+    API and on the page; its link shows the learner's row; the page makes no request outside
+    its own origin and logs no console error; back to no alert once the learner returns."""
+    errors: list[str] = []
+    with dashboard_page(system, errors) as page:
+        outside: list[str] = []
+        page.on(
+            "request",
+            lambda r: None if r.url.startswith(system.http.base_url) else outside.append(r.url),
+        )
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.wait_for_selector("#conn.ok")
+
+        def dead_alerts() -> list[dict[str, Any]]:
+            alerts = system.get("/api/alerts")["alerts"]
+            return [a for a in alerts if a["name"] == "DDQLearnerDead"]
+
+        # earlier tests dead-lettered a corrupt contribution: that alert may still be on
+        wait_until(lambda: not dead_alerts(), 60, "no dead learner at first")
+        page.wait_for_selector("#alerts li")
+        rules = [r["name"] for r in system.get("/api/alerts")["rules"]]
+        assert "DDQLearnerDead" in rules and len(rules) == 9, rules
+        system.post("/api/faults", {"target": "L1", "kind": "kill", "by": "test"})
+        assert system.procs["L1"].wait(timeout=20) == 137
+        page.wait_for_selector("#alerts li.pending[data-alert=DDQLearnerDead]", timeout=30_000)
+        page.wait_for_selector("#alerts li.firing[data-alert=DDQLearnerDead]", timeout=60_000)
+        (alert,) = dead_alerts()
+        assert alert["state"] == "firing" and alert["subject"] == "learner L1", alert
+        assert alert["link"] == "#learner-L1"
+        page.click("#alerts li[data-alert=DDQLearnerDead] a")
+        assert page.evaluate("() => location.hash") == "#learner-L1"
+        assert page.evaluate("() => document.querySelector(':target').dataset.learner") == "L1"
+        shot = tmp_path / "dashboard-alerts.png"
+        page.locator("#alerts-panel").scroll_into_view_if_needed()
+        page.screenshot(path=str(shot))
+        system.start_learner("L1")
+        wait_until(lambda: not dead_alerts(), 90, "the alert resolved")
+        page.wait_for_selector("#alerts li[data-alert=DDQLearnerDead]", state="detached")
+    assert not errors, errors
+    assert not outside, outside
+    if copy_to := os.environ.get("DDQ_ALERTS_SCREENSHOT"):
+        shutil.copyfile(shot, copy_to)

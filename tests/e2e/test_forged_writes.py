@@ -148,9 +148,15 @@ def test_forged_writes_are_refused_counted_and_the_run_keeps_merging(
         created_at_s=time.time(),
         reason="forged",
     )
-    forger.append(forger.keys.down(0), ops.global_notification_fields(forger, notice, ref))
-    counted(system, "L0", "global", "unauthenticated")
-    counted(system, "L1", "global", "unauthenticated")
+    # The synchronizer is paused meanwhile: a learner reads a fragment's newest notice first,
+    # and one merged after the forgery would hide it (skipped unread, not refused).
+    system.procs["synchronizer"].send_signal(signal.SIGSTOP)
+    try:
+        forger.append(forger.keys.down(0), ops.global_notification_fields(forger, notice, ref))
+        counted(system, "L0", "global", "unauthenticated")
+        counted(system, "L1", "global", "unauthenticated")
+    finally:
+        system.procs["synchronizer"].send_signal(signal.SIGCONT)
 
     # 4. The current Θ blob replaced in place by one whose CRC-32 still matches (four tail
     #    bytes adjusted), while the synchronizer is stopped (SIGSTOP) so that this is the

@@ -58,6 +58,7 @@ def heartbeat(
     step: int = 10,
     step_time_s: float | None = 0.05,
     pid: int | None = None,
+    train_loss: float | None = 3.5,
 ) -> None:
     """Write a learner heartbeat, as a learner's pump does."""
     hb = Heartbeat(
@@ -75,6 +76,7 @@ def heartbeat(
         host=socket.gethostname(),
         pid=pid or os.getpid(),
         sent_at_s=1.0,
+        train_loss=train_loss,
     )
     bus.heartbeat(learner_id, hb.to_bytes(), ttl_s=cfg.membership.dead_after_s)
 

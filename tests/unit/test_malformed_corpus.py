@@ -185,6 +185,7 @@ def heartbeat(**changes: Any) -> Heartbeat:
         host="h",
         pid=7,
         sent_at_s=1.7e9,
+        train_loss=2.5,
     )
     return dataclasses.replace(hb, **changes)
 
@@ -341,7 +342,7 @@ def envelope_cases(
     )
 
 
-_NULLABLE = {"duration_s", "step_time_ema_s", "quorum_at_s"}
+_NULLABLE = {"duration_s", "step_time_ema_s", "quorum_at_s", "train_loss"}
 
 
 def corpus(w: World) -> list[Case]:

@@ -116,6 +116,7 @@ _UNITLESS = {
     "ddq_stream_entries",
     "ddq_stream_pending_entries",
     "ddq_eval_loss",
+    "ddq_learner_train_loss",  # a loss (nats per token), like ddq_eval_loss
 }
 _LABELS = {
     "fragment", "decision", "outcome", "reason", "direction", "state", "learner", "queue",

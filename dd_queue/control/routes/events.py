@@ -13,7 +13,14 @@ from fastapi.responses import StreamingResponse
 from dd_queue.control.deps import PlaneDep, StalePlaneDep
 from dd_queue.control.plane import ControlPlane
 from dd_queue.control.schemas import DashboardSnapshot
-from dd_queue.control.views import event_views, fault_view, learner_view, round_view, state_view
+from dd_queue.control.views import (
+    alert_views,
+    event_views,
+    fault_view,
+    learner_view,
+    round_view,
+    state_view,
+)
 from dd_queue.errors import DDQError
 
 router = APIRouter(prefix="/api", tags=["events"])
@@ -30,6 +37,8 @@ def snapshot(plane: ControlPlane, *, writes_enabled: bool, rounds: int = 40) -> 
             rounds=[round_view(plane, r) for r in plane.log.newest_rounds(rounds)],
             faults=[fault_view(r) for r in plane.book.newest(20)],
             events=event_views(plane, 30),
+            alerts=alert_views(plane),
+            train_loss={lid: list(curve) for lid, curve in sorted(plane.train_losses.items())},
         )
 
 

@@ -1,4 +1,5 @@
-"""``GET /api/state`` (the run as a whole) and ``GET /api/rounds`` (recent round records)."""
+"""``GET /api/state`` (the run as a whole), ``GET /api/rounds`` (recent round records) and
+``GET /api/alerts`` (the alert rules of ``deploy/alerts.yml``, evaluated here)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from dd_queue.control.deps import PlaneDep
-from dd_queue.control.schemas import RoundView, StateView
-from dd_queue.control.views import round_view, state_view
+from dd_queue.control.schemas import AlertsView, RoundView, StateView
+from dd_queue.control.views import alerts_view, round_view, state_view
 
 router = APIRouter(prefix="/api", tags=["run"])
 
@@ -32,3 +33,11 @@ def list_rounds(
         if fragment_id is not None:
             records = [r for r in records if r.fragment_id == fragment_id]
         return [round_view(plane, r) for r in records[:limit]]
+
+
+@router.get("/alerts", summary="Alerts now: deploy/alerts.yml's rules over this run")
+def get_alerts(plane: PlaneDep) -> AlertsView:
+    """Pending and firing alerts (each with a dashboard link), and every rule, as evaluated at
+    the control plane's last tick (``core.alerts``)."""
+    with plane.lock:
+        return alerts_view(plane)

@@ -60,6 +60,7 @@ function row(id) {
   if (rows.has(id)) return rows.get(id);
   const tr = el("tr");
   tr.dataset.learner = id;
+  tr.id = "learner-" + id;  // the alerts' links (#learner-L1)
   const cells = {};
   for (const name of ["id", "state", "reason", "age", "step", "tokens", "steptime",
     "contrib", "weight", "versions", "where", "inject"]) {
@@ -134,6 +135,11 @@ function renderCharts(snap) {
     mode: "lines+markers", name: "held-out loss" }], { ...LAYOUT, annotations: ev.length ? [] : [{
     text: "no evaluation yet (run ddq evaluator)", showarrow: false, xref: "paper", yref: "paper",
     x: 0.5, y: 0.5 }] }, CONFIG);
+  const curves = Object.entries(snap.train_loss);
+  Plotly.react("train", curves.map(([id, pts]) => ({ x: pts.map((p) => p[1]), y: pts.map((p) => p[2]),
+    mode: "lines", name: id })), { ...LAYOUT, xaxis: { title: { text: "inner step" } },
+    annotations: curves.length ? [] : [{ text: "no train loss yet (learners report it in heartbeats)",
+      showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }] }, CONFIG);
   const h = s.goodput.history;
   const t = h.map((p) => new Date(p[0] * 1000));
   Plotly.react("goodput", [{ x: t, y: h.map((p) => p[1]), name: "goodput", mode: "lines" },
@@ -152,6 +158,43 @@ function renderCharts(snap) {
     bar("grace + merge", "#2ea043", { filter: (x) => x.decision === "merge" && x.quorum_at_s !== null, from: (x) => x.quorum_at_s, to: (x) => x.closed_at_s }),
     bar("abandoned", "#f85149", { filter: (x) => x.decision === "abandon", from: (x) => x.opened_at_s, to: (x) => x.closed_at_s }),
   ], { ...LAYOUT, barmode: "overlay", xaxis: { type: "date" } }, CONFIG);
+}
+
+// The exporter cannot report itself down: the page raises DDQExporterDown (deploy/alerts.yml:
+// critical after 1 minute) while its live connection is lost.
+let lostSince = null;
+let lastAlerts = [];
+
+function renderAlerts(alerts) {
+  lastAlerts = alerts;
+  const shown = [...alerts];
+  if (lostSince !== null) {
+    const firing = Date.now() - lostSince >= 60000;
+    shown.unshift({ name: "DDQExporterDown", severity: "critical", state: firing ? "firing" : "pending",
+      since_s: lostSince / 1000, subject: "control plane", link: "#alerts-panel",
+      summary: "the control plane does not answer" });
+  }
+  const firing = shown.filter((a) => a.state === "firing").length;
+  $("alerts-count").textContent = `${firing} firing, ${shown.length - firing} pending`;
+  if (!shown.length) {
+    list("alerts", [null], (li) => { li.className = "none"; li.textContent = "no alert: every rule of deploy/alerts.yml holds"; });
+    return;
+  }
+  list("alerts", shown, (li, a) => {
+    li.className = `${a.state} ${a.severity}`;
+    li.dataset.alert = a.name;
+    const link = el("a", a.subject);
+    link.href = a.link;
+    li.append(el("span", when(a.since_s), "when"), el("b", `${a.name} `),
+      el("span", `${a.state} · ${a.severity} · `, "muted"), link, el("span", ": " + a.summary));
+  });
+}
+
+function renderFragments(fragments) {
+  list("fragment-list", fragments, (li, f) => {
+    li.id = "fragment-" + f.fragment_id;  // the alerts' links (#fragment-2)
+    li.append(el("b", `f${f.fragment_id} v${f.version}`), el("span", " " + (f.last_reason || "")));
+  });
 }
 
 function list(id, items, render) {
@@ -182,6 +225,8 @@ function render(snap) {
   renderLearners(snap.learners);
   renderSummary(snap.state);
   renderLogs(snap);
+  renderAlerts(snap.alerts);
+  renderFragments(snap.state.fragments);
   renderCharts(snap);
   const ready = snap.state.synchronizers.some((x) => x.heartbeat_age_s < 10);
   $("ready").textContent = ready ? "synchronizer up" : "no synchronizer";
@@ -191,6 +236,7 @@ function render(snap) {
 function connect() {
   const source = new EventSource("/api/events");
   source.addEventListener("snapshot", (e) => {
+    lostSince = null;
     $("conn").textContent = "live";
     $("conn").className = "pill ok";
     render(JSON.parse(e.data));
@@ -199,7 +245,13 @@ function connect() {
     $("conn").textContent = e.data;
     $("conn").className = "pill bad";
   });
-  source.onerror = () => { $("conn").textContent = "reconnecting…"; $("conn").className = "pill bad"; };
+  source.onerror = () => {
+    $("conn").textContent = "reconnecting…";
+    $("conn").className = "pill bad";
+    if (lostSince === null) lostSince = Date.now();
+    renderAlerts(lastAlerts);
+  };
+  setInterval(() => { if (lostSince !== null) renderAlerts(lastAlerts); }, 5000);
 }
 
 function setup() {
