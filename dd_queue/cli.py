@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.control.cli",
     "dd_queue.data.cli",
     "dd_queue.learner.cli",
+    "dd_queue.report.cli",
     "dd_queue.runner.cli",
     "dd_queue.sim.cli",
     "dd_queue.startup",

@@ -25,7 +25,7 @@ from dd_queue.synchronizer.export import check_export, load_init
 from dd_queue.tracking import TRACKING_BACKENDS, check_backends
 from dd_queue.up.run import UpOptions, run_up
 from dd_queue.up.servers import INSTALL_HINT, find_server
-from dd_queue.up.summary import Summary, format_summary, summary_json
+from dd_queue.up.summary import SUMMARY_NAME, Summary, format_summary, summary_json
 
 __all__ = ["options_from_args", "register"]
 
@@ -159,6 +159,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(f"ddq up: redis server {server.describe()}\n")
             summary = run_up(cfg, opts, binary=server.path, environ=environ)
+    run_dir = Path(summary.run_dir)
+    if run_dir.is_dir():  # ddq report reads it
+        (run_dir / SUMMARY_NAME).write_text(summary_json(summary) + "\n")
     sys.stdout.write(format_summary(summary))
     if args.json:
         sys.stdout.write(summary_json(summary) + "\n")

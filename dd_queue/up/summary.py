@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Summary", "format_summary", "summary_json"]
+__all__ = ["SUMMARY_NAME", "Summary", "format_summary", "summary_json"]
+
+SUMMARY_NAME = "summary.json"
+"""The summary in the run directory, as ``--json`` prints it (``ddq report`` reads it)."""
 
 
 @dataclass
@@ -63,6 +66,17 @@ class Summary:
         return [lid for lid in self.learners if self.contributions.get(lid, 0) > 0]
 
     @property
+    def merged_token_share(self) -> float | None:
+        """Tokens in merged contributions ÷ tokens trained, per fragment (each fragment's
+        contributions carry the tokens trained since the learner last received it, so the
+        merged tokens are summed over the fragments and divided by their number). Goodput
+        counts chip time; this counts the work that reached the global model. None before any
+        token was trained."""
+        if not self.tokens_trained or not self.versions:
+            return None
+        return self.tokens_merged / len(self.versions) / self.tokens_trained
+
+    @property
     def loss_fell(self) -> bool | None:
         """Whether the held-out loss fell (None with fewer than two evaluations)."""
         if self.eval_loss_start is None or self.eval_loss_end is None or self.evals < 2:
@@ -94,7 +108,8 @@ def format_summary(s: Summary) -> str:
         f"({s.tokens_merged:,} in merged contributions, counted per fragment)",
         f"held-out loss      {loss}",
         f"contributions      {contrib} ({len(s.contributed)}/{len(s.learners)} contributed)",
-        f"goodput            {_percent(s.goodput)} (uptime {_percent(s.uptime)})",
+        f"goodput            {_percent(s.goodput)} (uptime {_percent(s.uptime)}; "
+        f"merged-token share {_percent(s.merged_token_share)})",
         f"faults survived    {s.faults_injected} injected, {s.restarts} process restarts",
         f"run directory      {s.run_dir}",
     ]
@@ -110,5 +125,6 @@ def summary_json(s: Summary) -> str:
     data["versions"] = {str(p): v for p, v in s.versions.items()}
     data["contributed"] = s.contributed
     data["loss_fell"] = s.loss_fell
+    data["merged_token_share"] = s.merged_token_share
     data["wall_s"] = round(s.wall_s, 3)
     return json.dumps(data, sort_keys=True)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.ci import import_or_require
+from tests.e2e.test_dashboard import chromium_path
 from tests.integration.conftest import require_redis_server
 from tests.tracking_support import tb_hparams, tb_scalars, wandb_run, wandb_run_files
 
@@ -55,6 +58,7 @@ def test_ddq_up_demo_learns(tmp_path: Path) -> None:
     for name in ("synchronizer", "L0", "L1", "L2", "evaluator", "control"):
         assert (run_dir / f"{name}.log").stat().st_size > 0, name
     _check_tracking(run_dir / "tracking" / "demo", summary)
+    _check_report(run_dir, summary, env)
 
 
 TRAIN = {"loss", "lr", "tokens_per_s", "step_time_s", "tokens"}
@@ -98,3 +102,44 @@ def _check_tracking(where: Path, summary: dict[str, object]) -> None:
             assert {f"fragment0/{n}" for n in ROUND} <= tb_names, tb_names
             assert all(1 <= v <= 3 for _, v in scalars["fragment0/contributors"]), scalars
     assert len(digests) == 1, digests  # one run: one run digest everywhere
+
+
+def _check_report(run_dir: Path, summary: dict[str, object], env: dict[str, str]) -> None:
+    """``ddq report RUN_DIR`` writes one HTML file from the run's AOF and summary; it opens in
+    headless Chromium with no request but its own file, no console error, and every panel."""
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    proc = subprocess.run(
+        [sys.executable, "-m", "dd_queue.cli", "report", str(run_dir), "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = json.loads(proc.stdout.strip().splitlines()[-1])
+    page_path = Path(written["report"])
+    assert page_path == run_dir / "report.html"
+    assert written["rounds"] >= summary["rounds_merged"] and written["evals"] == summary["evals"]
+    assert written["merged_token_share"] == pytest.approx(summary["merged_token_share"], rel=0.05)
+    sync_api = import_or_require("playwright.sync_api", "pip install -e '.[dev]'")
+    requests: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 1400})
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(page_path.as_uri())
+            for panel in ("#cards", "#loss", "#timeline", "#learners"):
+                assert page.locator(panel).is_visible(), panel
+            assert page.locator("#loss circle").count() == summary["evals"]
+            assert page.locator("#timeline rect.merge").count() >= 1
+            for learner in ("L0", "L1", "L2"):
+                assert page.locator(f"#learners td:text-is('{learner}')").count() == 1
+            shot = run_dir / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert requests == [page_path.as_uri()], requests  # nothing but the file itself
+    assert not errors, errors
+    if copy_to := os.environ.get("DDQ_REPORT_SCREENSHOT"):
+        shutil.copyfile(shot, copy_to)

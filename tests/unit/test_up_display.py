@@ -41,7 +41,7 @@ def test_the_watch_counts_merged_rounds_contributions_and_goodput(run: Run) -> N
     watch.poll(now + 30.0)
     assert s.goodput == pytest.approx(50 / 60)  # L1 waited for the last 10 of 30 s
     assert s.uptime == 1.0  # L0 trained throughout
-    assert "goodput            83.3% (uptime 100.0%)" in format_summary(s)
+    assert "goodput            83.3% (uptime 100.0%; merged-token share 62.5%)" in format_summary(s)
 
 
 def test_without_a_terminal_the_display_prints_one_line_per_interval(
