@@ -132,6 +132,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # ── training ──
     _m("ddq_goodput_ratio", "gauge", "Training chip time ÷ allocated chip time, so far."),
     _m("ddq_uptime_ratio", "gauge", "Share of wall time with some training, so far."),
+    _m("ddq_merged_token_share_ratio", "gauge",
+       "Tokens in merged contributions ÷ tokens trained, per fragment."),
     _m("ddq_eval_loss", "gauge", "Latest held-out loss of the global model."),
     # ── Redis ──
     _m("ddq_stream_entries", "gauge",
@@ -256,6 +258,8 @@ class RunCollector(Collector):
         out.add("ddq_quorum_required", (), state.quorum.quorum)
         out.add("ddq_goodput_ratio", (), state.goodput.goodput)
         out.add("ddq_uptime_ratio", (), state.goodput.uptime)
+        if state.merged_token_share is not None:
+            out.add("ddq_merged_token_share_ratio", (), state.merged_token_share)
         if state.eval:
             out.add("ddq_eval_loss", (), state.eval[-1].loss)
         for view in refused_view(plane):

@@ -226,6 +226,10 @@ class StateView(_View):
         description="Refused messages since the control plane started (dead-lettered "
         "contributions and every reader's reports; dd_queue.auth)."
     )
+    merged_token_share: float | None = Field(
+        description="Tokens in merged contributions ÷ tokens trained, per fragment (the live "
+        "learners' heartbeats count the trained tokens); null before any token was trained."
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

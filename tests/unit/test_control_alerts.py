@@ -65,3 +65,20 @@ def test_train_loss_from_heartbeats_one_point_per_step(run: Run) -> None:
     assert l0["train_loss"] == 3.0
     metrics = run.client.get("/metrics").text
     assert 'ddq_learner_train_loss{learner="L0"} 3.0' in metrics
+
+
+def test_the_merged_token_share_is_merged_tokens_per_fragment_over_tokens_trained(
+    run: Run,
+) -> None:
+    run.plane.refresh()
+    state = run.client.get("/api/state").json()
+    merged = sum(
+        f["counters"].get(f"learner/{lid}/tokens_merged", 0)
+        for f in state["fragments"]
+        for lid in ("L0", "L1")
+    )
+    trained = sum(x["n_tokens"] for x in run.client.get("/api/learners").json())
+    assert merged > 0 and trained > 0
+    share = merged / len(state["fragments"]) / trained
+    assert state["merged_token_share"] == pytest.approx(share)
+    assert f"ddq_merged_token_share_ratio {share}" in run.client.get("/metrics").text

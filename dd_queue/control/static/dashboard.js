@@ -106,6 +106,7 @@ function renderSummary(s) {
   const q = s.quorum, frags = s.fragments;
   const grace = frags.length ? Math.max(...frags.map((f) => f.grace_window_s)) : null;
   const cards = [["goodput", num(s.goodput.goodput)], ["uptime", num(s.goodput.uptime)],
+    ["merged-token share", num(s.merged_token_share)],
     ["rounds merged", s.rounds_merged], ["abandoned", s.rounds_abandoned],
     ["live / expected", `${q.live_learners} / ${q.expected_learners}`], ["quorum K", q.quorum],
     ["ξ step", num(q.step_time_s, 2) + " s"], ["grace window", num(grace, 2) + " s"],
