@@ -206,8 +206,10 @@ class RunCollector(Collector):
         self.plane.refresh()
         yield from self.gather().by_name.values()
 
-    def gather(self) -> _Families:
-        """Every catalogue family, from the plane as it is (no refresh)."""
+    def gather(self, *, streams: bool = True) -> _Families:
+        """Every catalogue family, from the plane as it is (no refresh); ``streams`` False
+        skips the stream lengths and pending counts (one Redis call each, no alert reads
+        them)."""
         plane = self.plane
         out = _Families()
         with plane.lock:
@@ -215,7 +217,9 @@ class RunCollector(Collector):
             self._fragments(plane, out)
             self._learners(plane, out)
             self._run(plane, out)
-        self._redis(plane, out)
+        if streams:
+            self._streams(plane, out)
+        self._memory(plane, out)
         return out
 
     def _info(self, plane: ControlPlane, out: _Families) -> None:
@@ -305,7 +309,7 @@ class RunCollector(Collector):
         for kind, n in sorted(plane.faults_sent.items()):
             out.add("ddq_faults_total", (kind,), n)
 
-    def _redis(self, plane: ControlPlane, out: _Families) -> None:
+    def _streams(self, plane: ControlPlane, out: _Families) -> None:
         bus, keys = plane.bus, plane.bus.keys
         for p in range(plane.cfg.synchronizer.n_fragments):
             for name, key in (
@@ -319,7 +323,9 @@ class RunCollector(Collector):
             out.add("ddq_stream_pending_entries", (str(p),), pending)
         for name, key in (("events", keys.events()), ("open", keys.opened_rounds())):
             out.add("ddq_stream_entries", ("", name), bus.stream_length(key))
-        memory = bus.memory_info()
+
+    def _memory(self, plane: ControlPlane, out: _Families) -> None:
+        memory = plane.bus.memory_info()
         if memory is not None:
             out.add("ddq_redis_memory_used_bytes", (), memory.used_bytes)
             out.add("ddq_redis_memory_max_bytes", (), memory.max_bytes)
@@ -329,7 +335,7 @@ def alert_sample(plane: ControlPlane) -> Sample:
     """The values the alert rules read (``core.alerts.METRICS``), as ``/metrics`` would export
     them now (no refresh)."""
     values: dict[str, dict[Labels, float]] = {name: {} for name in ALERT_METRICS}
-    for family in RunCollector(plane).gather().by_name.values():
+    for family in RunCollector(plane).gather(streams=False).by_name.values():
         for sample in family.samples:
             if sample.name in values:
                 values[sample.name][labels_of(**sample.labels)] = sample.value
