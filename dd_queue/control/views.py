@@ -36,7 +36,7 @@ from dd_queue.control.schemas import (
 from dd_queue.control.tails import Tally
 from dd_queue.core.alerts import RULES
 from dd_queue.core.policy import Ema, grace_window
-from dd_queue.core.tallies import dead_letters, tokens_merged
+from dd_queue.core.tallies import dead_letters, merged_token_share, tokens_merged
 from dd_queue.fragment_state import fragment_of
 from dd_queue.messages import RoundRecord
 
@@ -210,10 +210,8 @@ def state_view(plane: ControlPlane, *, writes_enabled: bool) -> StateView:
 def _merged_token_share(plane: ControlPlane) -> float | None:
     """Mean over fragments of the tokens merged ÷ the tokens the learners report trained."""
     trained = sum(obs.beat.n_tokens for obs in plane.members.learners)
-    if not trained or not plane.states:
-        return None
     merged = sum(tokens_merged(st.counters) for st in plane.states.values())
-    return merged / len(plane.states) / trained
+    return merged_token_share(merged, len(plane.states), trained)
 
 
 def refused_view(plane: ControlPlane) -> list[RefusedView]:

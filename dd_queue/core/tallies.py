@@ -35,6 +35,7 @@ __all__ = [
     "dead_letters",
     "histogram",
     "learner_counts",
+    "merged_token_share",
     "reason_tag",
     "round_increments",
     "summed",
@@ -155,6 +156,16 @@ def learner_counts(counters: Mapping[str, int]) -> dict[str, dict[str, int]]:
 def tokens_merged(counters: Mapping[str, int]) -> int:
     """Tokens of every merged contribution, all learners together."""
     return sum(c.get("tokens_merged", 0) for c in learner_counts(counters).values())
+
+
+def merged_token_share(merged: int, n_fragments: int, trained: int) -> float | None:
+    """Tokens in merged contributions ÷ tokens trained, per fragment: ``merged`` is summed over
+    ``n_fragments`` fragments (each fragment's contributions carry the tokens trained since the
+    learner last received it). Goodput counts chip time; this counts the work that reached the
+    global model. None before any token was trained."""
+    if trained <= 0 or n_fragments <= 0:
+        return None
+    return merged / n_fragments / trained
 
 
 def dead_letters(counters: Mapping[str, int]) -> dict[str, int]:

@@ -8,7 +8,13 @@ from typing import Any
 from dd_queue.bus import Bus
 from dd_queue.control.faultbook import FaultBook, FaultRecord
 from dd_queue.control.tails import RunLog
-from dd_queue.core.tallies import dead_letters, learner_counts, summed, tokens_merged
+from dd_queue.core.tallies import (
+    dead_letters,
+    learner_counts,
+    merged_token_share,
+    summed,
+    tokens_merged,
+)
 from dd_queue.errors import NotReady
 from dd_queue.fragment_state import FragmentState
 from dd_queue.messages import MessageLimits, RoundRecord
@@ -58,12 +64,9 @@ class RunReport:
 
     @property
     def merged_token_share(self) -> float | None:
-        """Tokens in merged contributions ÷ tokens trained, per fragment (``ddq up``'s
-        definition); None without the trained tokens of a summary."""
-        trained = self.summary.get("tokens_trained") or 0
-        if not trained or not self.versions:
-            return None
-        return float(self.tokens_merged / len(self.versions) / trained)
+        """``core.tallies.merged_token_share``, with the trained tokens of the summary."""
+        trained = int(self.summary.get("tokens_trained") or 0)
+        return merged_token_share(self.tokens_merged, len(self.versions), trained)
 
 
 def _states(bus: Bus, limits: MessageLimits) -> dict[int, FragmentState]:

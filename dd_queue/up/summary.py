@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from dd_queue.core.tallies import merged_token_share
+
 __all__ = ["SUMMARY_NAME", "Summary", "format_summary", "summary_json"]
 
 SUMMARY_NAME = "summary.json"
@@ -67,14 +69,8 @@ class Summary:
 
     @property
     def merged_token_share(self) -> float | None:
-        """Tokens in merged contributions ÷ tokens trained, per fragment (each fragment's
-        contributions carry the tokens trained since the learner last received it, so the
-        merged tokens are summed over the fragments and divided by their number). Goodput
-        counts chip time; this counts the work that reached the global model. None before any
-        token was trained."""
-        if not self.tokens_trained or not self.versions:
-            return None
-        return self.tokens_merged / len(self.versions) / self.tokens_trained
+        """``core.tallies.merged_token_share`` of the run (the fragments seen in ``versions``)."""
+        return merged_token_share(self.tokens_merged, len(self.versions), self.tokens_trained)
 
     @property
     def loss_fell(self) -> bool | None:

@@ -80,3 +80,10 @@ def test_dead_letters_count_by_learner_and_reason_tag():
     assert dead_letters(counters) == {"non_finite": 2, "corrupt": 1}
     assert learner_counts(counters) == {"L0": {"dead_lettered": 2}, "?": {"dead_lettered": 1}}
     assert reason_tag("") == "?" and reason_tag("late") == "late"
+
+
+def test_merged_token_share_is_per_fragment_and_none_before_any_training() -> None:
+    from dd_queue.core.tallies import merged_token_share
+
+    assert merged_token_share(1200, 2, 1000) == 0.6
+    assert merged_token_share(0, 4, 0) is None and merged_token_share(10, 0, 10) is None
