@@ -136,7 +136,8 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
             *_cmds("write its payloads (SET PX) and drop them", "set", "del", "unlink", "pexpire"),
             *_cmds("append contributions and events", "xadd"),
             Grant(f"~{p}counts:refused", "count the messages it refused"),
-            *_cmds("count refused messages", "hincrby"),
+            Grant(f"~{p}counts:tokens", "count the tokens it computed, published, dropped"),
+            *_cmds("count refused messages and its tokens", "hincrby"),
         ]
         out.append(Role("learner", f"{prefix}-learner-{lid}", tuple(grants)))
     out.append(

@@ -258,7 +258,8 @@ class Keys:
 
     def counts(self, name: str) -> str:
         """Run-wide hash of counters kept across restarts: ``faults`` (sent, by kind),
-        ``refused`` (messages refused, by ``reader|kind|reason``)."""
+        ``refused`` (messages refused, by ``reader|kind|reason``), ``tokens`` (the learners' token
+        counts, by ``learner|kind``)."""
         return f"{self.prefix}counts:{check_name('counts name', name)}"
 
 

@@ -130,6 +130,9 @@ class Contribution(ContributionClaim, Message):
         config_digest: Digest of the sender's math-relevant config; the synchronizer compares it.
         tensor: Codec header of the payload (dd_queue.core.codec).
         created_at_s: Sender's wall-clock time, seconds since the epoch.
+        new_tokens: The part of ``n_tokens`` that no earlier published or dropped contribution
+            of this learner to this fragment carried since it last received it (token fate:
+            ``core.tallies``); 0 ≤ new_tokens ≤ n_tokens.
     """
 
     TYPE: ClassVar[str] = "contribution"
@@ -137,10 +140,15 @@ class Contribution(ContributionClaim, Message):
     config_digest: str
     tensor: TensorHeader
     created_at_s: float
+    new_tokens: int = 0
 
     def _validate(self, limits: MessageLimits) -> None:
         require_text(self, "run_id", "config_digest", "learner_id")
         check_header(self.tensor, limits.tensor)
+        if not 0 <= self.new_tokens <= self.n_tokens:
+            raise CorruptPayload(
+                f"new_tokens {self.new_tokens} outside [0, n_tokens = {self.n_tokens}]"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -252,9 +252,14 @@ class Bus(Protocol):
         ref_field: str = "blob",
         maxlen: int | None = None,
         approximate: bool = True,
+        counts: tuple[str, Mapping[str, int]] | None = None,
     ) -> tuple[str, BlobRef]:
         """Store a blob and append an entry referencing it (field ``ref_field`` holds
         ``BlobRef.to_bytes()``), in one round trip where the backend allows.
+
+        ``counts`` (``(key, increments)``, as :meth:`add_counts` takes them) rise in the same
+        round trip, just before the entry: a crash between the two can leave counts without
+        their entry, never an entry without its counts.
 
         On Redis this is one non-transactional pipeline (the measured fastest write path), so
         an entry can outlive its blob (TTL, or a crash between the two): readers get

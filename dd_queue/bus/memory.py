@@ -363,10 +363,17 @@ class MemoryBus:
         ref_field: str = "blob",
         maxlen: int | None = None,
         approximate: bool = True,
+        counts: tuple[str, Mapping[str, int]] | None = None,
     ) -> tuple[str, BlobRef]:
         with self._cond:
             self._check_append(stream, {**fields, ref_field: b""}, maxlen)
+            if counts is not None:
+                check_key("counts key", counts[0])
+                check_counts("append counts", counts[1])
+                self._counts(counts[0])  # WRONGTYPE before anything is written
             ref = self.put_blob(blob_key, data, ttl_s=ttl_s)
+            if counts is not None:
+                self.add_counts(*counts)
             entry_id = self._append(stream, {**fields, ref_field: ref.to_bytes()}, maxlen)
         return entry_id, ref
 

@@ -120,6 +120,7 @@ def send_contribution(
     ttl_s: float,
     maxlen: int | None = None,
     auth: Auth = OPEN,
+    tokens: Mapping[str, int] | None = None,
 ) -> tuple[str, BlobRef]:
     """Publish a contribution: its blob at ``keys.up_blob(fragment, round, learner)`` and an
     entry (envelope + blob reference) on the fragment's ``up`` stream, in one round trip.
@@ -131,6 +132,9 @@ def send_contribution(
         ttl_s: Expiry of the blob, seconds (it outlives a round; the synchronizer unlinks it).
         maxlen: Approximate length the ``up`` stream is trimmed to.
         auth: The learner's key: the entry and the blob are signed with it.
+        tokens: The learner's token counts to add (``report_tokens``), in the same round
+            trip, just before the entry: a kill -9 in the middle of a send cannot leave the
+            run with a published token that was not counted.
 
     Returns:
         ``(entry id, blob ref)``.
@@ -153,6 +157,7 @@ def send_contribution(
         ttl_s=ttl_s,
         ref_field=BLOB_FIELD,
         maxlen=maxlen,
+        counts=None if tokens is None else _token_counts(bus, msg.learner_id, tokens),
     )
 
 
@@ -461,6 +466,31 @@ def report_refused(
         emit_event(bus, event.to_fields(), maxlen=maxlen)
 
 
+TOKEN_COUNTS = "tokens"
+"""The ``Keys.counts`` hash of the learners' own token counts, fields ``<learner>|<kind>``
+(``computed``, ``published``, ``dropped``; token·fragments, ``dd_queue.learner.tokens``)."""
+
+
+def _token_counts(
+    bus: Bus, learner_id: str, increments: Mapping[str, int]
+) -> tuple[str, dict[str, int]]:
+    return bus.keys.counts(TOKEN_COUNTS), {f"{learner_id}|{k}": n for k, n in increments.items()}
+
+
+def report_tokens(bus: Bus, learner_id: str, increments: Mapping[str, int]) -> None:
+    """Add a learner's token counts (kept in the bus: they add up across its restarts)."""
+    bus.add_counts(*_token_counts(bus, learner_id, increments))
+
+
+def token_counts(bus: Bus) -> dict[str, dict[str, int]]:
+    """Learner → its reported token counts by kind (``report_tokens``)."""
+    found: dict[str, dict[str, int]] = {}
+    for field, n in bus.read_counts(bus.keys.counts(TOKEN_COUNTS)).items():
+        learner, _, kind = field.rpartition("|")
+        found.setdefault(learner, {})[kind] = n
+    return found
+
+
 def count_fault(bus: Bus, kind: str) -> None:
     """Count one fault sent (the run's ``faults`` counters, kept in the bus)."""
     bus.add_counts(bus.keys.counts(FAULT_COUNTS), {kind: 1})
@@ -502,6 +532,8 @@ __all__ = [
     "refused_counts",
     "rejection_reason",
     "report_refused",
+    "report_tokens",
     "send_command",
     "send_contribution",
+    "token_counts",
 ]

@@ -497,11 +497,16 @@ class RedisBus:
         ref_field: str = "blob",
         maxlen: int | None = None,
         approximate: bool = True,
+        counts: tuple[str, Mapping[str, int]] | None = None,
     ) -> tuple[str, BlobRef]:
         check_key("stream", stream)
         check_key("blob key", blob_key)
         entry = encode_fields(check_fields("append fields", {**fields, ref_field: b""}))
         check_maxlen("append maxlen", maxlen)
+        counts_key, increments = counts or ("", {})
+        if counts is not None:
+            check_key("counts key", counts_key)
+        rises = sorted(check_counts("append counts", increments).items())
         chunks, total = _chunks.split_chunks(data, self._options.blob_chunk_bytes)
         _chunks.check_blob_size(blob_key, total, len(chunks))
         ref = BlobRef(blob_key, len(chunks), total)
@@ -509,20 +514,25 @@ class RedisBus:
         px_ms = ttl_ms(ttl_s)
         if names_fencing_token(blob_key):  # exclusive write first, then the reference
             self._put_chunks([(blob_key, chunks)], px_ms)
-            raw = self._conn.call(
-                "append_with_blob",
-                lambda: self._conn.control.xadd(
-                    stream, entry, maxlen=maxlen, approximate=approximate
-                ),
-            )
+
+            def append() -> list[object]:
+                with self._conn.control.pipeline(transaction=False) as pipe:
+                    for name, n in rises:
+                        pipe.hincrby(counts_key, name, n)
+                    pipe.xadd(stream, entry, maxlen=maxlen, approximate=approximate)
+                    return pipe.execute()
+
+            raw = self._conn.call("append_with_blob", append)[-1]
             return _replies.as_str(raw, "XADD"), ref
 
         def send() -> list[object]:
-            # Chunks before the reference: the server runs a pipeline in order, so whoever
-            # sees the entry finds the blob (unless it expired or Redis restarted).
+            # Chunks, counts, reference: the server runs a pipeline in order, so whoever sees
+            # the entry finds the blob (unless it expired or Redis restarted) and the counts.
             with self._conn.blobs.pipeline(transaction=False) as pipe:
                 for index, chunk in enumerate(chunks):
                     pipe.set(blob_chunk_key(blob_key, index), chunk, px=px_ms)
+                for name, n in rises:
+                    pipe.hincrby(counts_key, name, n)
                 pipe.xadd(stream, entry, maxlen=maxlen, approximate=approximate)
                 return pipe.execute()
 

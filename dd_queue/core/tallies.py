@@ -9,10 +9,22 @@ settles what they count (``dd_queue.fragment_state``). Next to the flat totals (
 ``learner/<id>/<outcome>``     that learner's entries settled with that outcome (``dead_lettered``
                                too; ``?`` for an entry too broken to name its learner)
 ``learner/<id>/tokens_merged`` tokens of its merged contributions
+``fate/<id>/<outcome>``        tokens whose first carrier (below) was that learner's entry settled
+                               with that outcome (``dead_lettered`` too)
 ``dlq/<reason>``               dead letters by reason tag (the reason's text before ``:``)
 ``hist/<name>/le=<bound>``     observations in (previous bound, bound]; ``le=+Inf`` above the last
 ``hist/<name>/sum_e6``         the observations' sum × 10⁶, rounded (integers keep counters exact)
 =============================  ===================================================================
+
+**Token fate.** A contribution's ``n_tokens`` counts every token since the learner last received
+the fragment, so a later send of the same span carries the earlier ones' tokens again. Its
+``new_tokens`` are those no earlier send of that span carried: each token trained for a fragment
+has one *first carrier*, and its fate is the outcome of that entry (``carried`` adds none: the
+entry is settled later). A ``duplicate`` is a later snapshot tagged with a round the learner
+already answered, and its new tokens are its own; only a send the bus retried after its reply
+was lost would count twice, and the fate then says it does not balance. On the learner's
+side ``dd_queue.learner.tokens`` counts what it computed, published and dropped; ``token_fate``
+balances the two.
 
 They live in Redis and change only in commits, so an exporter that derives its counters from
 them reads the same totals after it restarts: the counters it exports never go down.
@@ -31,6 +43,7 @@ __all__ = [
     "STALENESS_BOUNDS",
     "Histogram",
     "Observed",
+    "TokenFate",
     "dead_letter_increments",
     "dead_letters",
     "histogram",
@@ -38,7 +51,10 @@ __all__ = [
     "merged_token_share",
     "reason_tag",
     "round_increments",
+    "run_token_fates",
     "summed",
+    "token_fate",
+    "token_fates",
     "tokens_merged",
 ]
 
@@ -59,7 +75,8 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
 opening to its quorum; from the quorum to the merge decision (the grace window used); from the
 decision to the commit being written (decode, merge, outer step, staging)."""
 
-_LEARNER, _DLQ, _HIST = "learner/", "dlq/", "hist/"
+_LEARNER, _DLQ, _HIST, _FATE = "learner/", "dlq/", "hist/", "fate/"
+_NO_FATE = frozenset({"carried"})
 _SCALE = 1_000_000
 
 
@@ -72,11 +89,14 @@ class Observed:
         contributors: ``(learner_id, n_tokens, staleness)`` of every merged contribution.
         durations_s: Phase name (a ``HISTOGRAMS`` key) → seconds; None when the phase did not
             happen (no quorum, no merge).
+        fates: ``(learner_id, outcome, new_tokens)`` of every settled entry whose envelope was
+            read (the token fate of the tokens it carried first).
     """
 
     entries: tuple[tuple[str, str], ...] = ()
     contributors: tuple[tuple[str, int, int], ...] = ()
     durations_s: Mapping[str, float | None] | None = None
+    fates: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +138,18 @@ def round_increments(observed: Observed) -> dict[str, int]:
     for name, seconds in (observed.durations_s or {}).items():
         if seconds is not None:
             counts.update(_observe(name, seconds))
+    counts.update(_fate_increments(observed.fates))
     return dict(counts)
+
+
+def _fate_increments(fates: Iterable[tuple[str, str, int]]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for learner_id, outcome, new_tokens in fates:
+        if new_tokens < 0:
+            raise ValueError(f"{learner_id}: new_tokens must be ≥ 0, got {new_tokens}")
+        if outcome not in _NO_FATE and new_tokens:
+            counts[f"{_FATE}{learner_id}/{outcome}"] += new_tokens
+    return counts
 
 
 def reason_tag(reason: str) -> str:
@@ -126,12 +157,14 @@ def reason_tag(reason: str) -> str:
     return reason.partition(":")[0].strip() or "?"
 
 
-def dead_letter_increments(rejected: Iterable[tuple[str, str]]) -> dict[str, int]:
-    """What dead-lettering ``(learner_id or "?", reason)`` entries adds to the counters."""
+def dead_letter_increments(rejected: Iterable[tuple[str, str, int]]) -> dict[str, int]:
+    """What dead-lettering ``(learner_id or "?", reason, new_tokens)`` entries adds to the
+    counters (``new_tokens`` 0 when the envelope does not decode)."""
     counts: Counter[str] = Counter()
-    for learner_id, reason in rejected:
+    for learner_id, reason, new_tokens in rejected:
         counts[f"{_LEARNER}{learner_id}/dead_lettered"] += 1
         counts[f"{_DLQ}{reason_tag(reason)}"] += 1
+        counts.update(_fate_increments([(learner_id, "dead_lettered", new_tokens)]))
     return dict(counts)
 
 
@@ -166,6 +199,101 @@ def merged_token_share(merged: int, n_fragments: int, trained: int) -> float | N
     if trained <= 0 or n_fragments <= 0:
         return None
     return merged / n_fragments / trained
+
+
+def token_fates(counters: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """Learner id → outcome → tokens first carried by its entries settled so (module doc)."""
+    found: dict[str, dict[str, int]] = {}
+    for key, n in counters.items():
+        if key.startswith(_FATE):
+            learner_id, _, outcome = key[len(_FATE) :].rpartition("/")
+            found.setdefault(learner_id, {})[outcome] = n
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFate:
+    """One learner's tokens, computed to fate, in token·fragments (each token it trains is
+    trained for every one of the P fragments; divide by P for tokens).
+
+    Attributes:
+        computed: Reported computed by the learner (every step's tokens × P).
+        settled: Synchronizer outcome → tokens first carried by entries settled so.
+        dropped: Not published: a ``drop`` fault, or non-finite values (learner's count).
+        unsent: Trained but carried by no send: a newer global arrived first, or the learner
+            stopped (computed − published − dropped, the learner's own counts).
+        in_flight: Published, not settled yet (published − Σ settled).
+        balanced: computed = Σ settled + dropped + unsent + in_flight with every part ≥ 0.
+        reason: Why it does not balance (None when it does).
+    """
+
+    computed: int
+    settled: Mapping[str, int]
+    dropped: int
+    unsent: int
+    in_flight: int
+    balanced: bool
+    reason: str | None
+
+    def parts(self) -> dict[str, int]:
+        """Every fate with its tokens (settled outcomes, then the learner's own)."""
+        own = {"dropped_at_learner": self.dropped, "unsent": self.unsent}
+        return {**self.settled, **own, "in_flight": self.in_flight}
+
+    def verdict(self, n_fragments: int) -> str:
+        """Whether it balances, in tokens (the API's, the page's and the report's words)."""
+        if not self.balanced:
+            return f"does not balance: {self.reason}"
+        n = max(1, n_fragments)
+        flying = f"; {self.in_flight / n:,.0f} still in flight" if self.in_flight else ""
+        computed = f"{self.computed / n:,.0f} tokens computed"
+        return f"balanced: {computed} = the sum of their fates{flying}"
+
+
+def token_fate(
+    computed: int, published: int, dropped: int, settled: Mapping[str, int]
+) -> TokenFate:
+    """Balance a learner's own counts (``computed``, ``published``, ``dropped``) against the
+    synchronizer's ``settled`` fates. ``in_flight`` is negative, and the fate unbalanced, if the
+    synchronizer settled more than the learner says it published; ``unsent`` is negative if
+    the learner published or dropped more than it computed."""
+    total_settled = sum(settled.values())
+    unsent, in_flight = computed - published - dropped, published - total_settled
+    problems = []
+    if in_flight < 0:
+        problems.append(f"{-in_flight} more tokens settled than published")
+    if unsent < 0:
+        problems.append(f"{-unsent} more tokens published or dropped than computed")
+    if any(n < 0 for n in settled.values()) or dropped < 0:
+        problems.append("a negative count")
+    return TokenFate(
+        computed=computed,
+        settled=dict(sorted(settled.items())),
+        dropped=dropped,
+        unsent=unsent,
+        in_flight=in_flight,
+        balanced=not problems,
+        reason="; ".join(problems) or None,
+    )
+
+
+def run_token_fates(
+    reported: Mapping[str, Mapping[str, int]], counters: Mapping[str, int]
+) -> dict[str, TokenFate]:
+    """Learner → its token fate: ``reported`` are the learners' own counts
+    (``ops.token_counts``), ``counters`` the fragments' counters summed (``summed``). A
+    learner only one side knows of is listed too (its other side counts zero)."""
+    settled = token_fates(counters)
+    fates = {}
+    for lid in sorted(reported.keys() | settled.keys()):
+        own = reported.get(lid, {})
+        fates[lid] = token_fate(
+            own.get("computed", 0),
+            own.get("published", 0),
+            own.get("dropped", 0),
+            settled.get(lid, {}),
+        )
+    return fates
 
 
 def dead_letters(counters: Mapping[str, int]) -> dict[str, int]:

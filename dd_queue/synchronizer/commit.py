@@ -253,6 +253,13 @@ def _counted(
         entries=tuple((o.learner_id or "?", o.outcome) for o in entries),
         contributors=tuple((c.learner_id, c.n_tokens, c.staleness) for c in contributors),
         durations_s=durations_s,
+        fates=(
+            *(
+                (h.msg.learner_id, o.outcome, h.msg.new_tokens)
+                for h, o in zip(held, outcomes, strict=True)
+            ),
+            *((s.outcome.learner_id, s.outcome.outcome, s.new_tokens) for s in settled),
+        ),
     )
     return state.counted(counts).counted(round_increments(observed))
 

@@ -87,7 +87,14 @@ def _offer(ctx: Context, rt: FragmentRuntime, item: Item, now: float) -> str | N
         ctx.buffers.give([delta])
         outcome = cast(EntryOutcomeKind, admission.kind)  # not admitted: an outcome kind
         rt.settle(
-            entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, ref, ref.nbytes
+            entry.id,
+            msg.learner_id,
+            msg.round_id,
+            outcome,
+            admission.reason,
+            ref,
+            ref.nbytes,
+            msg.new_tokens,
         )
         _log_admission(rt, admission)
         return None
@@ -112,7 +119,9 @@ def _offer_without_payload(
     if admission.admitted:
         return reason
     outcome = cast(EntryOutcomeKind, admission.kind)
-    rt.settle(entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, None)
+    rt.settle(
+        entry.id, msg.learner_id, msg.round_id, outcome, admission.reason, None, 0, msg.new_tokens
+    )
     _log_admission(rt, admission)
     return None
 
@@ -149,7 +158,7 @@ def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected])
     if not rejected:
         return
     bus, p = ctx.bus, rt.fragment_id
-    named = [(_learner_of(ctx, entry), reason) for entry, reason in rejected]
+    named = [_learner_of(ctx, entry, reason) for entry, reason in rejected]
     state = rt.state.counted({"dead_lettered": len(rejected), **dead_letter_increments(named)})
     commit_ops: list[DeadLetterOp | SetOp] = [
         DeadLetterOp(entry, SYNC_GROUP, bus.keys.dlq(p), reason, ctx.maxlen)
@@ -164,13 +173,14 @@ def dead_letter(ctx: Context, rt: FragmentRuntime, rejected: Sequence[Rejected])
         ctx.emit("contribution.dead_lettered", reason, fragment=p, entry=entry.id)
 
 
-def _learner_of(ctx: Context, entry: Entry) -> str:
-    """The learner a refused entry names, or ``?`` when it does not decode."""
+def _learner_of(ctx: Context, entry: Entry, reason: str) -> tuple[str, str, int]:
+    """``(learner, reason, new_tokens)`` of a refused entry: ``("?", reason, 0)`` when its
+    envelope does not decode."""
     try:
         msg = Contribution.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
     except DDQError:
-        return "?"
-    return msg.learner_id
+        return "?", reason, 0
+    return msg.learner_id, reason, msg.new_tokens
 
 
 def _log_admission(rt: FragmentRuntime, admission: Admission) -> None:

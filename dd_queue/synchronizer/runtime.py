@@ -65,12 +65,14 @@ class Held:
 class Settled:
     """An entry the next commit acks with a non-merged outcome (its blob is deleted after).
 
-    ``bytes_in`` counts its payload when it was fetched (a held contribution superseded later).
+    ``bytes_in`` counts its payload when it was fetched (a held contribution superseded later);
+    ``new_tokens`` are the tokens it carried first (its envelope's; 0 when it was unreadable).
     """
 
     outcome: EntryOutcome
     blob: BlobRef | None
     bytes_in: int = 0
+    new_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +167,11 @@ class FragmentRuntime:
         reason: str,
         blob: BlobRef | None,
         bytes_in: int = 0,
+        new_tokens: int = 0,
     ) -> None:
         """Queue an entry for the next commit's acks, with its outcome for the round record
-        (``bytes_in``: its payload's size when it was fetched)."""
+        (``bytes_in``: its payload's size when it was fetched; ``new_tokens``: the tokens it
+        carried first, for the token fate)."""
         record = EntryOutcome(
             entry_id=entry_id,
             learner_id=learner_id or "?",
@@ -175,7 +179,9 @@ class FragmentRuntime:
             outcome=outcome,
             reason=reason,
         )
-        self.settled.append(Settled(outcome=record, blob=blob, bytes_in=bytes_in))
+        self.settled.append(
+            Settled(outcome=record, blob=blob, bytes_in=bytes_in, new_tokens=new_tokens)
+        )
 
     def hold(self, held: Held, round_after: RoundState) -> Held | None:
         """Hold an admitted contribution (``round_after``: the round that admitted it). One of
@@ -194,6 +200,7 @@ class FragmentRuntime:
                 why,
                 old.blob,
                 old.blob.nbytes,
+                old.msg.new_tokens,
             )
         self.held[learner] = held
         return old

@@ -505,3 +505,39 @@ def test_memory_info_reads_the_server(bus_case: BusCase) -> None:
         assert info is None  # no server / no INFO
     else:
         assert info is not None and info.used_bytes > 0 and info.max_bytes >= 0
+
+
+def test_append_with_blob_adds_its_counts_in_the_same_write(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    lease = bus.acquire_lease(bus.keys.lease(0), "sync-0", ttl_s=30)
+    assert lease is not None
+    counts = bus.keys.counts("tokens")
+    for i, key in enumerate(
+        [bus.keys.up_blob(0, 1, "L0"), bus.keys.global_blob(0, 1, lease.token)]
+    ):
+        bus.append_with_blob(
+            bus.keys.up(0),
+            {"i": b"%d" % i},
+            blob_key=key,
+            data=b"x" * 2500,
+            ttl_s=60,
+            counts=(counts, {"L0|published": 7, "L0|computed": 0, "L0|dropped": i}),
+        )
+    assert bus.read_counts(counts) == {"L0|published": 14, "L0|dropped": 1}
+    assert bus.stream_length(bus.keys.up(0)) == 2
+
+
+def test_append_with_blob_count_errors_write_nothing(bus_case: BusCase) -> None:
+    bus = bus_case.bus
+    stream, blob_key, counts = bus.keys.up(0), bus.keys.up_blob(0, 1, "L0"), bus.keys.counts("t")
+    for bad, message in [
+        (("", {"a": 1}), "^counts key must be a non-empty key string, got ''$"),
+        ((counts, {"a": -1}), "^append counts: 'a' must rise by an integer >= 0, got -1$"),
+        ((counts, {"": 1}), "^append counts: field names must be non-empty strings"),
+    ]:
+        with pytest.raises(InvalidArgument, match=message):
+            bus.append_with_blob(
+                stream, {"m": b"1"}, blob_key=blob_key, data=b"x", ttl_s=60, counts=bad
+            )
+        assert bus.get(blob_key) is None and bus.stream_length(stream) == 0
+        assert bus.read_counts(counts) == {}

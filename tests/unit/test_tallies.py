@@ -18,6 +18,7 @@ from dd_queue.core.tallies import (
     reason_tag,
     round_increments,
     summed,
+    token_fates,
 )
 
 learners = st.sampled_from(["L0", "L1", "a/b", "?"])
@@ -75,10 +76,15 @@ def test_an_empty_histogram_reads_as_zeros_and_bad_values_are_refused():
 
 def test_dead_letters_count_by_learner_and_reason_tag():
     counters = dead_letter_increments(
-        [("L0", "non_finite: NaN"), ("?", "corrupt: bad msgpack"), ("L0", "non_finite: Inf")]
+        [
+            ("L0", "non_finite: NaN", 30),
+            ("?", "corrupt: bad msgpack", 0),
+            ("L0", "non_finite: Inf", 12),
+        ]
     )
     assert dead_letters(counters) == {"non_finite": 2, "corrupt": 1}
     assert learner_counts(counters) == {"L0": {"dead_lettered": 2}, "?": {"dead_lettered": 1}}
+    assert token_fates(counters) == {"L0": {"dead_lettered": 42}}
     assert reason_tag("") == "?" and reason_tag("late") == "late"
 
 
