@@ -51,6 +51,7 @@ from dd_queue.learner.exchange import Float32Array, Inbox, Outbox, Received, Rou
 from dd_queue.learner.inner import InnerLoop, autocast_dtype, compile_model, count_tokens
 from dd_queue.learner.params import FragmentParams
 from dd_queue.learner.pump import Pump, PumpReport
+from dd_queue.learner.tokens import TokenBook
 from dd_queue.learner.wiring import build_pump
 from dd_queue.messages import Heartbeat
 from dd_queue.models.builder import embedding_names, synced_parameters
@@ -167,6 +168,7 @@ class Learner:
         self.outbox, self.inbox, self.rounds = Outbox(self.params.new_buffer), Inbox(), RoundBook()
         n = self.plan.n_fragments
         self.counters = [FragmentCounters() for _ in range(n)]
+        self.tokens = TokenBook(n)  # computed, published, dropped: the token fate's learner side
         self.bases: list[Float32Array | None] = [None] * n
         self.offsets = fragment_offsets(n, sync.sync_every_steps)
         self.sync = GroupSync(self.group, n)
@@ -217,6 +219,7 @@ class Learner:
                 injector=self.injector,
                 clock=self.clock,
                 status=self.heartbeat,
+                tokens=self.tokens,
             )
             initial = joining.register_and_wait(
                 self.bus_pump,
@@ -299,6 +302,7 @@ class Learner:
             queued=self.inbox.take_all() if self.is_rank0 else [],
         )
         self.n_tokens += agreed.n_tokens
+        self.tokens.trained(agreed.n_tokens)
         self.counters = [c.after_step(agreed.n_tokens) for c in self.counters]
         snapshots = self._snapshot() if self.is_rank0 else ()
         applied = tuple(self._apply(agreed.applied))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -108,8 +109,17 @@ def corrupt(encoded: EncodedTensor) -> EncodedTensor:
     return EncodedTensor(encoded.header, memoryview(data))
 
 
-def send(bus: Bus, settings: PublishSettings, snapshot: Snapshot, encoded: EncodedTensor) -> str:
-    """Publish one contribution (blob + ``up`` entry in one round trip); returns the entry id."""
+def send(
+    bus: Bus,
+    settings: PublishSettings,
+    snapshot: Snapshot,
+    encoded: EncodedTensor,
+    new_tokens: int,
+    tokens: Mapping[str, int],
+) -> str:
+    """Publish one contribution (blob + ``up`` entry in one round trip); returns the entry id.
+    ``new_tokens``: the part of ``snapshot.n_tokens`` no earlier send carried; ``tokens``: the
+    learner's token counts due, added in the same round trip (token fate)."""
     msg = Contribution(
         run_id=settings.run_id,
         config_digest=settings.config_digest,
@@ -121,9 +131,16 @@ def send(bus: Bus, settings: PublishSettings, snapshot: Snapshot, encoded: Encod
         n_tokens=snapshot.n_tokens,
         tensor=encoded.header,
         created_at_s=time.time(),
+        new_tokens=new_tokens,
     )
     entry_id, _ = ops.send_contribution(
-        bus, msg, encoded, ttl_s=settings.ttl_s, maxlen=settings.maxlen, auth=settings.auth
+        bus,
+        msg,
+        encoded,
+        ttl_s=settings.ttl_s,
+        maxlen=settings.maxlen,
+        auth=settings.auth,
+        tokens=tokens,
     )
     return entry_id
 

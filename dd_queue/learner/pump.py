@@ -31,6 +31,7 @@ from dd_queue.faults import Effect, FaultInjector
 from dd_queue.learner import publisher
 from dd_queue.learner.exchange import Inbox, Outbox, RoundBook, Snapshot
 from dd_queue.learner.receiver import Follower
+from dd_queue.learner.tokens import TokenBook
 from dd_queue.messages import Event, FaultCommand, Heartbeat
 
 log = logging.getLogger("dd_queue.learner")
@@ -112,6 +113,8 @@ class Pump:
         clock: Time for schedules and offline waits.
         status: Builds this learner's heartbeat.
         settings: Timing and mode.
+        tokens: The learner's token counts (reported before each send, with each heartbeat
+            and at ``flush``).
     """
 
     def __init__(
@@ -128,8 +131,10 @@ class Pump:
         clock: Clock,
         status: Callable[[], Heartbeat],
         settings: PumpSettings,
+        tokens: TokenBook,
     ) -> None:
         self.bus, self.follower, self.publish, self.encoder = bus, follower, publish, encoder
+        self.tokens = tokens
         self.outbox, self.inbox, self.rounds = outbox, inbox, rounds
         self.injector, self.clock, self._status, self.settings = injector, clock, status, settings
         self._lock = threading.Lock()  # guards the offline state shared by both halves
@@ -249,7 +254,19 @@ class Pump:
             return False
         self._next_beat = now + self.settings.heartbeat_interval_s
         ops.heartbeat(self.bus, self._status(), ttl_s=self.settings.heartbeat_ttl_s, auth=self.auth)
+        self.report_tokens()
         return True
+
+    def report_tokens(self) -> None:
+        """Add what the token counts rose by to the run's ``tokens`` counters.
+
+        Raises:
+            BusError: The bus failed (the counts are reported with the next call).
+        """
+        due = self.tokens.due()
+        if any(due.values()):
+            ops.report_tokens(self.bus, self.publish.learner_id, due)
+            self.tokens.reported(due)
 
     def _arm(self, cmd: FaultCommand) -> int:
         if not self.injector.applies_to(cmd.target):
@@ -285,6 +302,10 @@ class Pump:
         deadline = self.clock.now() + timeout_s
         while self.outbox.depth() and self.online and self.clock.now() < deadline:
             self.send(block_ms=0)
+        try:
+            self.report_tokens()
+        except BusError as exc:
+            log.warning("learner.leave could not report its token counts: %s", exc)
         return self.outbox.depth()
 
     def deregister(self) -> None:
@@ -315,8 +336,10 @@ class Pump:
             self._go_offline(effect.reason, effect.offline_until_s)
             self.outbox.restore(snapshot)
             return PumpReport(online=False)
+        span = (snapshot.fragment_id, snapshot.base_version, snapshot.n_tokens)
         if effect.drop:
             log.warning("fault.injected %s: dropped contribution %s", effect.fault_id, pair)
+            self.tokens.dropped(*span)
             self.outbox.done(snapshot, published=False)
             return PumpReport(dropped=(pair,))
         if effect.wait_s:
@@ -325,18 +348,24 @@ class Pump:
             encoded, residual = self.encoder.encode(snapshot)
         except NonFiniteValues as exc:
             log.error("contribution.non_finite fragment %d round %d: %s; not sent", *pair, exc)
+            self.tokens.dropped(*span)
             self.outbox.done(snapshot, published=False)
             return PumpReport(dropped=(pair,))
         corrupted = effect.corrupt
         if corrupted:
             encoded = publisher.corrupt(encoded)
+        new_tokens = self.tokens.new_tokens(*span)
+        self.tokens.sending(*span)
+        due = self.tokens.due()  # counted in the send's own round trip, just before the entry
         try:
-            entry_id = publisher.send(self.bus, self.publish, snapshot, encoded)
+            entry_id = publisher.send(self.bus, self.publish, snapshot, encoded, new_tokens, due)
         except BusError as exc:
             self.outbox.restore(snapshot)
             self._go_offline(f"bus failed: {exc}", self.clock.now() + self.settings.retry_s)
             return PumpReport(online=False)
         self._back_online()
+        self.tokens.reported(due)
+        self.tokens.sent(*span)
         if not corrupted:
             self.encoder.commit(snapshot.fragment_id, residual)
         self.outbox.done(snapshot, published=True)

@@ -14,6 +14,7 @@ from dd_queue.learner import publisher
 from dd_queue.learner.exchange import Inbox, Outbox, RoundBook
 from dd_queue.learner.pump import Pump, PumpSettings
 from dd_queue.learner.receiver import Follower
+from dd_queue.learner.tokens import TokenBook
 from dd_queue.messages import Heartbeat
 
 
@@ -28,6 +29,7 @@ def build_pump(
     injector: FaultInjector,
     clock: Clock,
     status: Callable[[], Heartbeat],
+    tokens: TokenBook,
 ) -> Pump:
     """The pump of one learner (rank 0) on ``bus``, configured from ``cfg``.
 
@@ -41,6 +43,7 @@ def build_pump(
         injector: The learner's faults (the pump applies the send-side ones).
         clock: Time for pacing and retries.
         status: The learner's heartbeat now (``Learner.heartbeat``).
+        tokens: The learner's token counts, reported by the pump.
     """
     outbox, inbox, rounds = queues
     auth = Auth.load(cfg.auth, bus.keys.run_id, learner_principal(learner_id))
@@ -76,6 +79,7 @@ def build_pump(
         injector=injector,
         clock=clock,
         status=status,
+        tokens=tokens,
         settings=PumpSettings(
             heartbeat_interval_s=cfg.membership.heartbeat_interval_s,
             heartbeat_ttl_s=cfg.membership.dead_after_s,
