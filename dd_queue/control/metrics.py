@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 import dd_queue
 from dd_queue.control.plane import ControlPlane
-from dd_queue.control.views import refused_view, state_view
+from dd_queue.control.views import refused_view, state_view, token_fate_views
 from dd_queue.core.alerts import METRICS as ALERT_METRICS
 from dd_queue.core.alerts import Labels, Sample, labels_of
 from dd_queue.core.tallies import dead_letters, histogram, learner_counts, summed
@@ -119,6 +119,15 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "outcome"),
     _m("ddq_learner_merged_tokens_total", "counter",
        "Tokens of the learner's merged contributions, summed over fragments.", "learner"),
+    _m("ddq_learner_computed_tokens_total", "counter",
+       "Tokens the learner reports it computed (its token-fate counts in Redis).", "learner"),
+    _m("ddq_learner_token_fate_tokens", "gauge",
+       "The learner's computed tokens by fate: the outcome of each token's first carrier, "
+       "dropped_at_learner, unsent, in_flight; they sum to the computed tokens.", "learner",
+       "fate"),
+    _m("ddq_learner_token_fate_balanced", "gauge",
+       "1 when the learner's token fates are all ≥ 0 and sum to its computed tokens.",
+       "learner"),
     # ── synchronizers ──
     _m("ddq_synchronizers_active", "gauge",
        "Synchronizers whose heartbeat is younger than membership.dead_after_s."),
@@ -297,6 +306,12 @@ class RunCollector(Collector):
             out.add(
                 "ddq_learner_merged_tokens_total", (learner_id,), counts.get("tokens_merged", 0)
             )
+        for view in token_fate_views(plane):
+            learner = (view.learner_id,)
+            out.add("ddq_learner_computed_tokens_total", learner, view.computed)
+            for fate, tokens in view.fates.items():
+                out.add("ddq_learner_token_fate_tokens", (*learner, fate), tokens)
+            out.add("ddq_learner_token_fate_balanced", learner, float(view.balanced))
 
     def _run(self, plane: ControlPlane, out: _Families) -> None:
         fresh_s = plane.cfg.membership.dead_after_s

@@ -75,6 +75,8 @@ class ControlPlane:
         """Faults sent, by kind (the run's counters in Redis: every control plane's)."""
         self.refused: dict[tuple[str, str, str], int] = {}
         """Messages refused by ``(reader, kind, reason)`` (the run's counters in Redis)."""
+        self.tokens: dict[str, dict[str, int]] = {}
+        """Learner → its own token counts (``ops.token_counts``: computed, published, dropped)."""
         self.watches: dict[str, Watch] = {}
         self.refreshed_s = float("-inf")
         self.generation = 0
@@ -111,6 +113,7 @@ class ControlPlane:
         self.states = self._read_states()
         self.faults_sent = ops.fault_counts(self.bus)
         self.refused = ops.refused_counts(self.bus)
+        self.tokens = ops.token_counts(self.bus)
         kinds = {
             obs.learner_id: interval_kind(obs.state, obs.beat.state)
             for obs in self.members.learners

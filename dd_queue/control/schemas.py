@@ -34,6 +34,7 @@ __all__ = [
     "RoundView",
     "StateView",
     "SynchronizerView",
+    "TokenFateView",
 ]
 
 LearnerState = Literal["active", "straggling", "stalled", "dead", "left"]
@@ -311,6 +312,24 @@ class AlertsView(_View):
     evaluated_at_s: float | None = Field(description="The last evaluation (null: none yet).")
 
 
+class TokenFateView(_View):
+    """One learner's tokens from computed to fate (``core.tallies.token_fate``). Tokens are
+    token·fragments ÷ P: each token trained counts once per fragment it trained."""
+
+    learner_id: str
+    computed: float = Field(description="Tokens the learner reports it computed.")
+    fates: dict[str, float] = Field(
+        description="Fate → tokens: the synchronizer's outcomes of each token's first carrier "
+        "(merged, late, superseded, stale, duplicate, invalid, dropped, dead_lettered), then "
+        "dropped_at_learner, unsent and in_flight. They sum to computed."
+    )
+    balanced: bool = Field(description="Every fate ≥ 0 and they sum to computed.")
+    reason: str = Field(description="Why, in one line.")
+    token_fragments: dict[str, int] = Field(
+        description="The exact integer counts behind the figures: computed and every fate."
+    )
+
+
 class DashboardSnapshot(_View):
     """Everything the dashboard shows, in one message (also each SSE ``snapshot`` event)."""
 
@@ -325,3 +344,4 @@ class DashboardSnapshot(_View):
     train_loss: dict[str, list[tuple[float, int, float]]] = Field(
         description="Learner → (time, step, train loss) from its heartbeats, oldest first."
     )
+    tokens: list[TokenFateView] = Field(description="Token fate per learner (GET /api/tokens).")

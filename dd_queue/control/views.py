@@ -32,15 +32,30 @@ from dd_queue.control.schemas import (
     RoundView,
     StateView,
     SynchronizerView,
+    TokenFateView,
 )
 from dd_queue.control.tails import Tally
 from dd_queue.core.alerts import RULES
 from dd_queue.core.policy import Ema, grace_window
-from dd_queue.core.tallies import dead_letters, merged_token_share, tokens_merged
+from dd_queue.core.tallies import (
+    dead_letters,
+    merged_token_share,
+    run_token_fates,
+    summed,
+    tokens_merged,
+)
 from dd_queue.fragment_state import fragment_of
 from dd_queue.messages import RoundRecord
 
-__all__ = ["chaos_view", "fault_view", "learner_view", "refused_view", "round_view", "state_view"]
+__all__ = [
+    "chaos_view",
+    "fault_view",
+    "learner_view",
+    "refused_view",
+    "round_view",
+    "state_view",
+    "token_fate_views",
+]
 
 
 def learner_view(plane: ControlPlane, obs: LearnerObs) -> LearnerView:
@@ -71,6 +86,26 @@ def learner_view(plane: ControlPlane, obs: LearnerObs) -> LearnerView:
         restarts=obs.restarts,
         active_faults=[f for f, w in plane.watches.items() if w.target_id == obs.learner_id],
     )
+
+
+def token_fate_views(plane: ControlPlane) -> list[TokenFateView]:
+    """Every learner's token fate, in tokens (token·fragments ÷ P) with the exact counts."""
+    n = max(1, plane.cfg.synchronizer.n_fragments)
+    counters = summed(st.counters for st in plane.states.values())
+    views = []
+    for lid, fate in run_token_fates(plane.tokens, counters).items():
+        parts = fate.parts()
+        views.append(
+            TokenFateView(
+                learner_id=lid,
+                computed=fate.computed / n,
+                fates={k: v / n for k, v in parts.items()},
+                balanced=fate.balanced,
+                reason=fate.verdict(n),
+                token_fragments={"computed": fate.computed, **parts},
+            )
+        )
+    return views
 
 
 def _step_time_s(plane: ControlPlane) -> float | None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dd_queue.bus import Bus
+from dd_queue.bus import Bus, ops
 from dd_queue.control.faultbook import FaultBook, FaultRecord
 from dd_queue.control.tails import RunLog
 from dd_queue.core.tallies import (
+    TokenFate,
     dead_letters,
     learner_counts,
     merged_token_share,
+    run_token_fates,
     summed,
     tokens_merged,
 )
@@ -49,6 +51,7 @@ class RunReport:
             exact, from the fragments' states.
         dead_letters: Reason tag → dead letters, all fragments.
         tokens_merged: Tokens merged, summed over fragments.
+        token_fates: Learner → its token fate (token·fragments; ``core.tallies``).
     """
 
     run_id: str
@@ -60,6 +63,7 @@ class RunReport:
     learners: dict[str, dict[str, int]]
     dead_letters: dict[str, int]
     tokens_merged: int
+    token_fates: dict[str, TokenFate] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -121,5 +125,6 @@ def read_report(bus: Bus, limits: MessageLimits, summary: dict[str, Any]) -> Run
         learners=learner_counts(totals),
         dead_letters=dead_letters(totals),
         tokens_merged=sum(tokens_merged(st.counters) for st in states.values()),
+        token_fates=run_token_fates(ops.token_counts(bus), totals),
         notes=notes,
     )

@@ -20,6 +20,9 @@ OUTCOME_COLUMNS = (
 )  # fmt: skip
 """Every way a contribution is settled, as the per-learner table lists them."""
 
+TOKEN_FATE_COLUMNS = (*OUTCOME_COLUMNS, "dropped_at_learner", "unsent", "in_flight")
+"""Every fate of a token (``TokenFate.parts``), as the token-fate table lists those that occur."""
+
 _CSS = """
 body{margin:0;font:13px/1.45 system-ui,sans-serif;background:#0f1419;color:#d8dee6}
 header,main{padding:10px 20px} header{background:#171e26;border-bottom:1px solid #26313d}
@@ -194,6 +197,25 @@ def _learners(report: RunReport) -> str:
     return _table("learners", head, rows)
 
 
+def _token_fates(report: RunReport) -> str:
+    n = max(1, len(report.versions))
+    fates = report.token_fates
+    shown = [k for k in TOKEN_FATE_COLUMNS if any(f.parts().get(k) for f in fates.values())]
+    rows = []
+    for learner, fate in sorted(fates.items()):
+        parts = fate.parts()
+        rows.append(
+            (
+                learner,
+                round(fate.computed / n),
+                *(round(parts.get(k, 0) / n) for k in shown),
+                ("✓ " if fate.balanced else "✗ ") + fate.verdict(n),
+            )
+        )
+    head = ("learner", "computed", *(k.replace("_", " ") for k in shown), "balance")
+    return _table("token-fates", head, rows)
+
+
 def render(report: RunReport, *, generated_at_s: float | None = None) -> str:
     """The report as one HTML document."""
     when = _clock(generated_at_s if generated_at_s is not None else time.time())
@@ -215,5 +237,7 @@ def render(report: RunReport, *, generated_at_s: float | None = None) -> str:
         "and merge (green), abandoned (red); faults dashed</h2>" + _timeline(report) + "<h2>"
         "Faults and their observed effects</h2>" + _faults(report) + "<h2>Contributions per "
         "learner, by how they were settled (all fragments)</h2>" + _learners(report) + "<h2>"
+        "Token fate: each learner's tokens computed, by the fate of the contribution that "
+        "first carried them</h2>" + _token_fates(report) + "<h2>"
         "Dead letters by reason</h2>" + dead + "</main></body></html>\n"
     )

@@ -57,6 +57,27 @@ def test_learners_show_state_progress_and_contributions(run: Run):
     assert l0["versions"] == {"0": 1, "1": 0} and l0["step"] == 10 and l0["pid"] > 0
 
 
+def test_token_fates_balance_per_learner(run: Run):
+    n = run.cfg.synchronizer.n_fragments
+    fates = {v["learner_id"]: v for v in run.client.get("/api/tokens").json()}
+    assert set(fates) == {"L0", "L1"}
+    l0, l1 = fates["L0"], fates["L1"]
+    assert l0["computed"] == l1["computed"] == 400  # 400 tokens for each fragment
+    assert l0["token_fragments"] == {
+        "computed": 400 * n,
+        "merged": 400,
+        "dropped_at_learner": 0,
+        "unsent": 400 * (n - 1),
+        "in_flight": 0,
+    }
+    assert l1["token_fragments"]["dead_lettered"] == 400  # its payload held NaN
+    for view in (l0, l1):
+        assert view["balanced"] and view["reason"].startswith("balanced"), view
+        assert sum(view["fates"].values()) == pytest.approx(view["computed"])
+    snapshot = run.client.get("/api/snapshot").json()
+    assert [t["learner_id"] for t in snapshot["tokens"]] == ["L0", "L1"]
+
+
 def test_one_learner_and_unknown_or_malformed_ids(run: Run):
     assert run.client.get("/api/learners/L1").json()["learner_id"] == "L1"
     missing = run.client.get("/api/learners/L9")

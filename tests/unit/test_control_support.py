@@ -18,7 +18,7 @@ import fakeredis
 import numpy as np
 from fastapi.testclient import TestClient
 
-from dd_queue.bus import RedisBus, RedisOptions
+from dd_queue.bus import RedisBus, RedisOptions, ops
 from dd_queue.clock import Clock, FakeClock
 from dd_queue.config import DDQConfig
 from dd_queue.control import create_app
@@ -139,8 +139,19 @@ def _merge_one_round(sync: Synchronizer, clock: FakeClock, run: Run) -> None:
         raise AssertionError("no round opened")
     size = plan_of(tiny_source(), cfg.synchronizer).fragments[0].size
     delta = np.full(size, 0.01, np.float32)
+    # each learner's own token counts: 400 tokens for each of the P fragments, one sent
+    n_frag = cfg.synchronizer.n_fragments
+    for learner in ("L0", "L1"):
+        ops.report_tokens(bus, learner, {"computed": 400 * n_frag, "published": 400})
     contribute(
-        bus, cfg, learner_id="L0", fragment_id=0, round_id=round_id, base_version=0, delta=delta
+        bus,
+        cfg,
+        learner_id="L0",
+        fragment_id=0,
+        round_id=round_id,
+        base_version=0,
+        delta=delta,
+        new_tokens=400,
     )
     contribute(
         bus,
@@ -151,6 +162,7 @@ def _merge_one_round(sync: Synchronizer, clock: FakeClock, run: Run) -> None:
         base_version=0,
         delta=delta,
         encoded=with_nan(size),
+        new_tokens=400,
     )
     for _ in range(400):
         heartbeat(bus, cfg, "L0")

@@ -107,6 +107,8 @@ def test_the_export_is_the_catalogue_with_its_types_and_labels(run: Run):
 _UNITLESS = {
     # counts of things, not measures: Prometheus names them by what they count
     "ddq_learners",
+    "ddq_learner_token_fate_tokens",
+    "ddq_learner_token_fate_balanced",
     "ddq_learner_state",
     "ddq_learner_queue_depth",
     "ddq_global_version",
@@ -121,7 +123,7 @@ _UNITLESS = {
 _LABELS = {
     "fragment", "decision", "outcome", "reason", "direction", "state", "learner", "queue",
     "synchronizer", "kind", "reader", "stream", "version", "python", "torch", "run_id",
-    "config_digest", "run_digest",
+    "config_digest", "run_digest", "fate",
 }  # fmt: skip
 
 

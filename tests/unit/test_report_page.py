@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 from dd_queue.control.faultbook import Effect, FaultRecord
+from dd_queue.core.tallies import token_fate
 from dd_queue.messages import ContributorRecord, RoundRecord
 from dd_queue.report.data import EvalPoint, RunReport
 from dd_queue.report.page import OUTCOME_COLUMNS, render
@@ -67,6 +68,10 @@ def _report(**kw: object) -> RunReport:
         "learners": {"L0": {"merged": 2, "late": 1, "tokens_merged": 1200}, "L1": {"stale": 3}},
         "dead_letters": {"non_finite": 1},
         "tokens_merged": 1200,
+        "token_fates": {  # token·fragments, P = 2
+            "L0": token_fate(4000, 3000, 200, {"merged": 2400, "late": 600}),
+            "L1": token_fate(1000, 1200, 0, {"stale": 1000}),
+        },
     }
     return RunReport(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -91,7 +96,8 @@ def test_every_panel_is_there_and_nothing_can_be_loaded() -> None:
     page = render(_report(), generated_at_s=0)
     tags = _Tags()
     tags.feed(page)
-    assert {"cards", "loss", "timeline", "faults", "learners", "dead-letters"} <= tags.ids
+    panels = {"cards", "loss", "timeline", "faults", "learners", "dead-letters", "token-fates"}
+    assert panels <= tags.ids
     assert tags.srcs == [] and "script" not in tags.tags and "link" not in tags.tags
     assert "default-src 'none'" in page  # the CSP forbids any load
     assert not re.search(r"url\(|@import|https?://", page)
@@ -118,9 +124,27 @@ def test_the_numbers_shown() -> None:
     assert len(OUTCOME_COLUMNS) == 8
 
 
+def test_the_token_fates_in_tokens_with_their_verdict() -> None:
+    page = render(_report(), generated_at_s=0)
+    table = re.search(r'<table id="token-fates">(.*?)</table>', page)
+    assert table is not None
+    head = re.findall(r"<th>(.*?)</th>", table.group(1))
+    assert head == [  # only the fates that occur, in the fates' order
+        "learner", "computed", "merged", "late", "stale", "dropped at learner", "unsent",
+        "in flight", "balance",
+    ]  # fmt: skip
+    rows = re.findall(r"<tr><td class=\"wrap\">(L\d)</td>(.*?)</tr>", table.group(1))
+    cells = {lid: re.findall(r"<td[^>]*>(.*?)</td>", rest) for lid, rest in rows}
+    assert cells["L0"][:-1] == ["2000", "1200", "300", "0", "100", "400", "0"]
+    assert cells["L0"][-1] == "✓ balanced: 2,000 tokens computed = the sum of their fates"
+    assert cells["L1"][-1].startswith("✗ does not balance: ")  # published more than computed
+
+
 def test_an_empty_run_says_so_instead_of_drawing_nothing() -> None:
     page = render(
-        _report(rounds=[], evals=[], faults=[], learners={}, dead_letters={}, summary={}),
+        _report(
+            rounds=[], evals=[], faults=[], learners={}, dead_letters={}, summary={}, token_fates={}
+        ),
         generated_at_s=0,
     )
     assert "no evaluation recorded" in page and "no round recorded" in page

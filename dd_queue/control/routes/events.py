@@ -20,6 +20,7 @@ from dd_queue.control.views import (
     learner_view,
     round_view,
     state_view,
+    token_fate_views,
 )
 from dd_queue.errors import DDQError
 
@@ -39,6 +40,7 @@ def snapshot(plane: ControlPlane, *, writes_enabled: bool, rounds: int = 40) -> 
             events=event_views(plane, 30),
             alerts=alert_views(plane),
             train_loss={lid: list(curve) for lid, curve in sorted(plane.train_losses.items())},
+            tokens=token_fate_views(plane),
         )
 
 

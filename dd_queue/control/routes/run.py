@@ -1,5 +1,6 @@
 """``GET /api/state`` (the run as a whole), ``GET /api/rounds`` (recent round records) and
-``GET /api/alerts`` (the alert rules of ``deploy/alerts.yml``, evaluated here)."""
+``GET /api/alerts`` (the alert rules of ``deploy/alerts.yml``, evaluated here) and
+``GET /api/tokens`` (each learner's token fate)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from dd_queue.control.deps import PlaneDep
-from dd_queue.control.schemas import AlertsView, RoundView, StateView
-from dd_queue.control.views import alerts_view, round_view, state_view
+from dd_queue.control.schemas import AlertsView, RoundView, StateView, TokenFateView
+from dd_queue.control.views import alerts_view, round_view, state_view, token_fate_views
 
 router = APIRouter(prefix="/api", tags=["run"])
 
@@ -41,3 +42,11 @@ def get_alerts(plane: PlaneDep) -> AlertsView:
     the control plane's last tick (``core.alerts``)."""
     with plane.lock:
         return alerts_view(plane)
+
+
+@router.get("/tokens", summary="Each learner's tokens, computed to fate; the sums balance")
+def list_token_fates(plane: PlaneDep) -> list[TokenFateView]:
+    """Per learner: tokens computed, and what became of them (merged, late, superseded, stale,
+    dropped, dead-lettered, unsent, in flight), from counts kept in Redis."""
+    with plane.lock:
+        return token_fate_views(plane)

@@ -191,6 +191,36 @@ function renderAlerts(alerts) {
   });
 }
 
+const FATES = ["merged", "late", "superseded", "stale", "duplicate", "invalid", "dropped",
+  "dead_lettered", "dropped_at_learner", "unsent", "in_flight"];
+
+function renderTokens(tokens) {
+  const shown = FATES.filter((f) => tokens.some((t) => t.fates[f]));
+  const head = $("tokens").tHead.rows[0];
+  head.replaceChildren(el("th", "learner"), el("th", "computed"),
+    ...shown.map((f) => el("th", f.replace(/_/g, " "))), el("th", "balance"));
+  const count = (x) => Math.round(x).toLocaleString();
+  $("tokens").tBodies[0].replaceChildren(...tokens.map((t) => {
+    const tr = el("tr");
+    tr.dataset.learner = t.learner_id;
+    tr.append(el("td", t.learner_id), el("td", count(t.computed)));
+    for (const f of shown) {
+      const share = t.computed ? ` (${(100 * (t.fates[f] || 0) / t.computed).toFixed(0)}%)` : "";
+      const td = el("td", count(t.fates[f] || 0) + share);
+      td.dataset.fate = f;
+      tr.append(td);
+    }
+    const ok = el("td", (t.balanced ? "✓ " : "✗ ") + t.reason, t.balanced ? "ok" : "bad");
+    ok.dataset.fate = "balance";
+    tr.append(ok);
+    return tr;
+  }));
+  const bad = tokens.filter((t) => !t.balanced).length;
+  $("tokens-summary").textContent = !tokens.length ? "no tokens reported yet"
+    : bad ? `${bad} of ${tokens.length} learners do not balance`
+      : `every learner balances: computed = the sum of its fates`;
+}
+
 function renderFragments(fragments) {
   list("fragment-list", fragments, (li, f) => {
     li.id = "fragment-" + f.fragment_id;  // the alerts' links (#fragment-2)
@@ -227,6 +257,7 @@ function render(snap) {
   renderSummary(snap.state);
   renderLogs(snap);
   renderAlerts(snap.alerts);
+  renderTokens(snap.tokens);
   renderFragments(snap.state.fragments);
   renderCharts(snap);
   const ready = snap.state.synchronizers.some((x) => x.heartbeat_age_s < 10);
