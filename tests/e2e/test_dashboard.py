@@ -74,6 +74,13 @@ def test_dashboard_lists_learners_and_a_fault_button_changes_a_state(
             " return d && d.length === 2 && d.every((t) => t.y.length > 1); }",
             timeout=60_000,
         )
+        for learner in ("L0", "L1"):  # token fate: each learner's row says it balances
+            page.wait_for_selector(
+                f"#tokens tr[data-learner={learner}] td.ok[data-fate=balance]:has-text('✓')",
+                timeout=60_000,
+            )
+        page.wait_for_selector("#tokens td[data-fate=merged]")
+        assert "every learner balances" in page.text_content("#tokens-summary")
         page.click("tr[data-learner=L1] button[data-fault=stall]")
         page.wait_for_selector("#action-msg:has-text('stall sent to L1')")
         page.wait_for_selector("tr[data-learner=L1][data-state=stalled]", timeout=10_000)

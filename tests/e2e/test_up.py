@@ -129,12 +129,14 @@ def _check_report(run_dir: Path, summary: dict[str, object], env: dict[str, str]
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(page_path.as_uri())
-            for panel in ("#cards", "#loss", "#timeline", "#learners"):
+            for panel in ("#cards", "#loss", "#timeline", "#learners", "#token-fates"):
                 assert page.locator(panel).is_visible(), panel
             assert page.locator("#loss circle").count() == summary["evals"]
             assert page.locator("#timeline rect.merge").count() >= 1
             for learner in ("L0", "L1", "L2"):
                 assert page.locator(f"#learners td:text-is('{learner}')").count() == 1
+                fate = page.locator(f"#token-fates tr:has(td:text-is('{learner}'))")
+                assert fate.locator("td").last.inner_text().startswith("✓ balanced"), learner
             shot = run_dir / "report.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:
