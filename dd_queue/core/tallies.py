@@ -176,14 +176,19 @@ def summed(counters: Iterable[Mapping[str, int]]) -> dict[str, int]:
     return dict(total)
 
 
-def learner_counts(counters: Mapping[str, int]) -> dict[str, dict[str, int]]:
-    """Learner id → its counts (outcome names and ``tokens_merged``)."""
+def _by_learner(counters: Mapping[str, int], prefix: str) -> dict[str, dict[str, int]]:
+    """Learner id → name → count, of the ``<prefix><learner>/<name>`` counters."""
     found: dict[str, dict[str, int]] = {}
     for key, n in counters.items():
-        if key.startswith(_LEARNER):
-            learner_id, _, what = key[len(_LEARNER) :].rpartition("/")
-            found.setdefault(learner_id, {})[what] = n
+        if key.startswith(prefix):
+            learner_id, _, name = key[len(prefix) :].rpartition("/")
+            found.setdefault(learner_id, {})[name] = n
     return found
+
+
+def learner_counts(counters: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """Learner id → its counts (outcome names and ``tokens_merged``)."""
+    return _by_learner(counters, _LEARNER)
 
 
 def tokens_merged(counters: Mapping[str, int]) -> int:
@@ -203,12 +208,7 @@ def merged_token_share(merged: int, n_fragments: int, trained: int) -> float | N
 
 def token_fates(counters: Mapping[str, int]) -> dict[str, dict[str, int]]:
     """Learner id → outcome → tokens first carried by its entries settled so (module doc)."""
-    found: dict[str, dict[str, int]] = {}
-    for key, n in counters.items():
-        if key.startswith(_FATE):
-            learner_id, _, outcome = key[len(_FATE) :].rpartition("/")
-            found.setdefault(learner_id, {})[outcome] = n
-    return found
+    return _by_learner(counters, _FATE)
 
 
 @dataclass(frozen=True, slots=True)
