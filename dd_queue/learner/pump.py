@@ -263,10 +263,14 @@ class Pump:
         Raises:
             BusError: The bus failed (the counts are reported with the next call).
         """
-        due = self.tokens.due()
-        if any(due.values()):
+        due = self.tokens.claim()
+        if not any(due.values()):
+            return
+        try:
             ops.report_tokens(self.bus, self.publish.learner_id, due)
-            self.tokens.reported(due)
+        except BusError:
+            self.tokens.unclaim(due)
+            raise
 
     def _arm(self, cmd: FaultCommand) -> int:
         if not self.injector.applies_to(cmd.target):
@@ -356,15 +360,15 @@ class Pump:
             encoded = publisher.corrupt(encoded)
         new_tokens = self.tokens.new_tokens(*span)
         self.tokens.sending(*span)
-        due = self.tokens.due()  # counted in the send's own round trip, just before the entry
+        due = self.tokens.claim()  # counted in the send's own round trip, just before the entry
         try:
             entry_id = publisher.send(self.bus, self.publish, snapshot, encoded, new_tokens, due)
         except BusError as exc:
+            self.tokens.unclaim(due)
             self.outbox.restore(snapshot)
             self._go_offline(f"bus failed: {exc}", self.clock.now() + self.settings.retry_s)
             return PumpReport(online=False)
         self._back_online()
-        self.tokens.reported(due)
         self.tokens.sent(*span)
         if not corrupted:
             self.encoder.commit(snapshot.fragment_id, residual)

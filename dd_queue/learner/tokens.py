@@ -92,13 +92,18 @@ class TokenBook:
         with self._lock:
             return dict(self._totals)
 
-    def due(self) -> dict[str, int]:
-        """What the counts rose by since the last ``reported``."""
+    def claim(self) -> dict[str, int]:
+        """What the counts rose by since the last claim, now claimed by the caller, who reports
+        it to the run's counters, or gives it back with ``unclaim`` when that fails. A claim is
+        taken under the lock, so two reporters (the heartbeat and the sender) never report the
+        same increment twice."""
         with self._lock:
-            return {k: self._totals[k] - self._reported[k] for k in KINDS}
+            due = {k: self._totals[k] - self._reported[k] for k in KINDS}
+            self._reported.update(self._totals)
+            return due
 
-    def reported(self, increments: dict[str, int]) -> None:
-        """``increments`` (from ``due``) reached the run's counters."""
+    def unclaim(self, increments: dict[str, int]) -> None:
+        """``increments`` (from ``claim``) did not reach the run's counters: report them later."""
         with self._lock:
             for k, n in increments.items():
-                self._reported[k] += n
+                self._reported[k] -= n

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import Counter
 
@@ -92,21 +93,46 @@ def test_the_fate_says_why_it_does_not_balance():
 
 
 def test_reports_carry_each_increment_once_across_threads():
+    """The heartbeat and the sender both report while the training thread counts; some reports
+    fail and are given back. Every increment reaches the counters once, and none is negative
+    (the bug this pins: two reporters read the same increment before either marked it)."""
     book = TokenBook(2)
     reported: Counter[str] = Counter()
+    negative: list[dict[str, int]] = []
+    lock = threading.Lock()
+    training = threading.Event()
+    training.set()
 
     def train() -> None:
-        for _ in range(2000):
+        for _ in range(5000):
             book.trained(3)
+        training.clear()
 
-    worker = threading.Thread(target=train)
-    worker.start()
-    while worker.is_alive():
-        due = book.due()
-        reported.update(due)
-        book.reported(due)
-    due = book.due()
-    reported.update(due)
-    book.reported(due)
-    assert reported["computed"] == 2 * 3 * 2000 == book.totals()["computed"]
-    assert not any(book.due().values())
+    def report(fail_every: int) -> None:
+        n = 0
+        while training.is_set():
+            due = book.claim()
+            n += 1
+            if any(v < 0 for v in due.values()):
+                negative.append(due)
+            if n % fail_every == 0:
+                book.unclaim(due)  # the bus failed: report it later
+                continue
+            with lock:
+                reported.update(due)
+
+    threads = [threading.Thread(target=train)]
+    threads += [threading.Thread(target=report, args=(k,)) for k in (3, 5)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so a race has its chance
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    reported.update(book.claim())
+    assert not negative
+    assert reported["computed"] == 2 * 3 * 5000 == book.totals()["computed"]
+    assert not any(book.claim().values())
