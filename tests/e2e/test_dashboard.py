@@ -122,10 +122,19 @@ def test_a_snapshot_from_before_the_chaos_post_does_not_undo_the_toggle(system: 
         page.wait_for_selector("#action-msg:has-text('chaos started')")
         page.wait_for_selector("#chaos-status:has-text('running')")
         assert page.is_checked("#chaos")
-        page.unroute("**/api/chaos")
-        page.uncheck("#chaos")
-        page.wait_for_selector("#action-msg:has-text('chaos stopped')")
+        # The stop lands on the server, and a snapshot saying "chaos off" is drawn before the
+        # POST's reply reaches the page: the page still says the stop worked.
+        with page.expect_request("**/api/chaos"):
+            page.uncheck("#chaos")
+        response = held[1].fetch()
+        assert response.ok, response.text()
         wait_until(lambda: system.get("/api/chaos")["active"] is False, 10, "chaos off")
+        drawn = page.evaluate("() => window.renders")
+        page.wait_for_function(f"() => window.renders >= {drawn + 2}", timeout=30_000)
+        held[1].fulfill(response=response)
+        page.wait_for_selector("#action-msg:has-text('chaos stopped')")
+        assert not page.is_checked("#chaos")
+        page.unroute("**/api/chaos")
     assert not errors, errors
 
 

@@ -296,16 +296,20 @@ function setup() {
   $("token").addEventListener("change", () => sessionStorage.setItem("ddq-token", token()));
   $("chaos").addEventListener("change", async (e) => {
     const on = e.target.checked;
-    chaosIntent = { want: on, until: Infinity };
+    // A snapshot that already agrees may clear chaosIntent while the POST is in flight: keep
+    // our own handle on this intent, and touch the shared one only while it is still ours.
+    const intent = { want: on, until: Infinity };
+    chaosIntent = intent;
     try {
       await post("/api/chaos", on ? CHAOS : { action: "stop", by: "dashboard" });
-      chaosIntent.until = Date.now() + 5000;
-      say(on ? "chaos started" : "chaos stopped");
     } catch (err) {
-      chaosIntent = null;
+      if (chaosIntent === intent) chaosIntent = null;
       e.target.checked = chaosActive;
       say("chaos refused: " + err.message, true);
+      return;
     }
+    intent.until = Date.now() + 5000;
+    say(on ? "chaos started" : "chaos stopped");
   });
   connect();
 }
