@@ -227,7 +227,9 @@ def test_the_alerts_panel_fires_on_a_dead_learner_and_links_to_it(
         outside: list[str] = []
         page.on(
             "request",
-            lambda r: None if r.url.startswith(system.http.base_url) else outside.append(r.url),
+            lambda r: (
+                None if r.url.startswith(str(system.http.base_url)) else outside.append(r.url)
+            ),
         )
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.wait_for_selector("#conn.ok")
