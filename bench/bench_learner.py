@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch = next(batches)
 
         def train() -> None:
-            learner.inner.train_step(batch)
+            learner.inner.train_step([batch])
 
         off: list[list[float]] = []  # per block, per step, seconds
         busy: list[list[float]] = []

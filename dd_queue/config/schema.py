@@ -363,7 +363,10 @@ class ModelConfig(_Section):
         ("q_proj", "v_proj"), description="hf: module names that get LoRA adapters."
     )
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
-    autocast: Literal["bf16", "off"] = Field("bf16", description="bf16 autocast on CUDA.")
+    autocast: Literal["bf16", "fp16", "off"] = Field(
+        "bf16",
+        description="Autocast on CUDA: bf16, or fp16 with a GradScaler (GPUs without bf16).",
+    )
 
     def overrides(self) -> dict[str, Any]:
         """The preset shape fields that are set, as ``build_model`` keyword arguments."""
@@ -516,6 +519,9 @@ class LearnerConfig(_Section):
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up inner steps.")
     max_steps: int = Field(0, ge=0, description="Stop after this many inner steps (0 = never).")
     grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clip (0 = off).")
+    grad_accum_steps: int = Field(
+        1, ge=1, description="Micro-batches (of data.batch_size) whose gradients make one step."
+    )
     mix_alpha: float = Field(
         0.0, ge=0, le=1, description="θ ← α·θ + (1−α)·Θ on receipt; 0 overwrites (paper)."
     )
@@ -617,7 +623,8 @@ class SynchronizerConfig(_Section):
         0,
         ge=0,
         description="A contribution claiming more tokens per inner step is dead-lettered as "
-        "implausible (0: 1024 × data.batch_size × the model's seq_len, room for big DDP groups).",
+        "implausible (0: 1024 × data.batch_size × learner.grad_accum_steps × the model's "
+        "seq_len, room for big DDP groups).",
     )
 
     max_steps_per_s: float = Field(

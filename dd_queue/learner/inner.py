@@ -2,9 +2,13 @@
 
 Learning rate: linear warm-up over ``warmup_steps`` to ``inner_lr``, then cosine decay to
 ``min_lr_ratio · inner_lr`` over ``decay_steps`` (``max_steps`` when 0; constant when both are 0).
-Gradients are clipped to ``grad_clip`` (global L2 norm). On CUDA the forward pass runs under bf16
-autocast (parameters, gradients and AdamW state stay fp32) and the model may be wrapped in
-``torch.compile``; both are options (``model.autocast``, ``model.compile``).
+Gradients are clipped to ``grad_clip`` (global L2 norm). One inner step may accumulate the
+gradients of ``learner.grad_accum_steps`` micro-batches (each of ``data.batch_size``; under DDP
+only the last one all-reduces), so a small GPU trains the batch of a large one. On CUDA the
+forward pass runs under autocast (parameters, gradients and AdamW state stay fp32): bf16, or fp16
+with a ``GradScaler`` for GPUs without bf16 (a step whose scaled gradients overflow is skipped and
+the scale halves, counted in ``skipped_steps``). The model may be wrapped in ``torch.compile``.
+All are options (``model.autocast``, ``model.compile``, ``learner.grad_accum_steps``).
 
 Tokens are counted exactly: for language models the targets that are not ``IGNORE_INDEX``
 (padding), counted on the host batch before it moves to the device (no device sync); for images,
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,8 +59,17 @@ def count_tokens(batch: Batch) -> int:
 
 
 def autocast_dtype(device: torch.device, mode: str) -> torch.dtype | None:
-    """bf16 on CUDA when ``mode == "bf16"``; None (fp32) elsewhere."""
-    return torch.bfloat16 if mode == "bf16" and device.type == "cuda" else None
+    """The forward pass's compute dtype: bf16 or fp16 on CUDA as ``mode`` says; None (fp32) on
+    other devices and for ``"off"``."""
+    if device.type != "cuda":
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+
+
+def grad_scaler(device: torch.device, autocast: torch.dtype | None) -> torch.amp.GradScaler | None:
+    """A ``GradScaler`` where fp16 autocast needs one (fp16's range underflows small gradients);
+    None for bf16 and fp32."""
+    return torch.amp.GradScaler(device.type) if autocast is torch.float16 else None
 
 
 def compile_model(model: nn.Module, *, backend: str = "inductor") -> Callable[..., Any]:
@@ -74,6 +87,7 @@ class InnerLoop:
         cfg: The learner section (learning rate, decay, clipping, betas).
         device: Where batches go.
         autocast: Compute dtype of the forward pass (None: fp32).
+        scaler: Loss scaling for fp16 (``grad_scaler``); None steps the gradients as they are.
     """
 
     def __init__(
@@ -84,15 +98,17 @@ class InnerLoop:
         cfg: LearnerConfig,
         device: torch.device,
         autocast: torch.dtype | None = None,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         self.model, self._forward, self.cfg = model, forward, cfg
-        self.device, self.autocast = device, autocast
+        self.device, self.autocast, self.scaler = device, autocast, scaler
         self.optimizer = torch.optim.AdamW(
             param_groups(model, cfg.weight_decay),
             lr=cfg.inner_lr,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
         )
         self.step_count = 0
+        self.skipped_steps = 0  # fp16 steps the scaler skipped (inf or nan gradients)
         self._decay_steps = cfg.decay_steps or cfg.max_steps
 
     def lr(self) -> float:
@@ -105,11 +121,31 @@ class InnerLoop:
         )
         return self.cfg.inner_lr * factor
 
-    def train_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """One inner step on ``batch`` (host or device); returns (detached loss, lr used)."""
+    def train_step(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, float]:
+        """One inner step on the micro-batches ``batches`` (host or device; their gradients
+        add up, each loss weighted ``1 / len(batches)``); returns (detached mean loss, lr used).
+
+        Raises:
+            ValueError: ``batches`` is empty.
+        """
+        if not batches:
+            raise ValueError("an inner step needs at least one micro-batch")
         lr = self.lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            no_sync = getattr(self._forward, "no_sync", None)  # DDP: all-reduce once, at the end
+            with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+                loss = self._micro_step(batch, len(batches))
+            total += loss
+        self._optimizer_step()
+        self.step_count += 1
+        return total / len(batches), lr
+
+    def _micro_step(self, batch: Batch, n_micro: int) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its detached loss."""
         batch = batch.to(self.device, non_blocking=self.device.type == "cuda")
         ctx = (
             torch.autocast(self.device.type, dtype=self.autocast)
@@ -118,22 +154,54 @@ class InnerLoop:
         )
         with ctx:
             out = self._forward(batch)
-        out.loss.backward()
+        loss = out.loss
+        scaled = loss / n_micro if n_micro > 1 else loss
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+        detached: torch.Tensor = loss.detach()
+        return detached
+
+    def _optimizer_step(self) -> None:
+        """Clip (on unscaled gradients) and step; under fp16 the scaler may skip the step."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if self.cfg.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.scaler.get_scale() < scale:  # the scaler found inf/nan and skipped the step
+                self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.step_count += 1
-        return out.loss.detach(), lr
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state and step count (for the local checkpoint)."""
-        return {"optimizer": self.optimizer.state_dict(), "step_count": self.step_count}
+        """Optimizer state, step count and the fp16 scaler's state (for the local checkpoint)."""
+        state: dict[str, Any] = {
+            "optimizer": self.optimizer.state_dict(),
+            "step_count": self.step_count,
+        }
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``state_dict`` saved."""
+        """Restore what ``state_dict`` saved (a checkpoint without a scaler state keeps the
+        scaler's initial scale)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.step_count = int(state["step_count"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
 
 
-__all__ = ["InnerLoop", "autocast_dtype", "compile_model", "count_tokens", "lr_factor"]
+__all__ = [
+    "InnerLoop",
+    "autocast_dtype",
+    "compile_model",
+    "count_tokens",
+    "grad_scaler",
+    "lr_factor",
+]

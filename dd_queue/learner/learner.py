@@ -48,7 +48,13 @@ from dd_queue.learner import join as joining
 from dd_queue.learner.checkpoint import LocalCheckpoint
 from dd_queue.learner.dist import Group, GroupSync, SingleProcess
 from dd_queue.learner.exchange import Float32Array, Inbox, Outbox, Received, RoundBook, Snapshot
-from dd_queue.learner.inner import InnerLoop, autocast_dtype, compile_model, count_tokens
+from dd_queue.learner.inner import (
+    InnerLoop,
+    autocast_dtype,
+    compile_model,
+    count_tokens,
+    grad_scaler,
+)
 from dd_queue.learner.params import FragmentParams
 from dd_queue.learner.pump import Pump, PumpReport
 from dd_queue.learner.tokens import TokenBook
@@ -158,12 +164,14 @@ class Learner:
         except CoreError as exc:
             raise ConfigError(f"synchronizer.n_fragments={sync.n_fragments}: {exc}") from exc
         self.params = FragmentParams(self.plan, model)
+        compute = autocast_dtype(self.params.device, cfg.model.autocast)
         self.inner = InnerLoop(
             model,
             forward=self._forward_of(model),
             cfg=cfg.learner,
             device=self.params.device,
-            autocast=autocast_dtype(self.params.device, cfg.model.autocast),
+            autocast=compute,
+            scaler=grad_scaler(self.params.device, compute),
         )
         self.outbox, self.inbox, self.rounds = Outbox(self.params.new_buffer), Inbox(), RoundBook()
         n = self.plan.n_fragments
@@ -293,11 +301,11 @@ class Learner:
             self._last_end_s, self.state = None, "stalled"
             return StepReport(action="stalled", step=step, wait_s=effect.stall_s)
         started_s = self.clock.now()
-        batch = next(self.loader)
-        loss, lr = self.inner.train_step(batch)
+        batches = [next(self.loader) for _ in range(self.cfg.learner.grad_accum_steps)]
+        loss, lr = self.inner.train_step(batches)
         self._last_loss_t = loss
         agreed = self.sync.agree(
-            count_tokens(batch),
+            sum(count_tokens(b) for b in batches),
             stop=self._stop_requested,
             queued=self.inbox.take_all() if self.is_rank0 else [],
         )

@@ -86,7 +86,10 @@ class Context:
         object.__setattr__(self, "policy", self.cfg.synchronizer.policy_params())
         object.__setattr__(self, "membership", self.cfg.membership.params())
         bound = self.cfg.synchronizer.max_tokens_per_step or (
-            1024 * self.cfg.data.batch_size * self.cfg.model.architecture().seq_len
+            1024
+            * self.cfg.data.batch_size
+            * self.cfg.learner.grad_accum_steps
+            * self.cfg.model.architecture().seq_len
         )
         object.__setattr__(self, "max_tokens_per_step", bound)
         object.__setattr__(

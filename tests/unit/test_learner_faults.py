@@ -57,9 +57,9 @@ def test_slow_adds_factor_minus_one_step_times():
     clock = rig.clock
     train_step = rig.learner.inner.train_step
 
-    def timed(batch):  # the FakeClock does not move by itself: a step "takes" 0.5 s
+    def timed(batches):  # the FakeClock does not move by itself: a step "takes" 0.5 s
         clock.advance(0.5)
-        return train_step(batch)
+        return train_step(batches)
 
     rig.learner.inner.train_step = timed  # type: ignore[method-assign]
     assert rig.learner.step().wait_s == 0.0

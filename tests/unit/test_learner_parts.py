@@ -70,9 +70,11 @@ def test_tokens_are_counted_exactly_without_padding():
     assert count_tokens(images) == 5
 
 
-def test_autocast_is_bf16_on_cuda_only():
+def test_autocast_is_bf16_or_fp16_on_cuda_only():
     assert autocast_dtype(torch.device("cuda", 0), "bf16") is torch.bfloat16
+    assert autocast_dtype(torch.device("cuda", 0), "fp16") is torch.float16
     assert autocast_dtype(torch.device("cpu"), "bf16") is None
+    assert autocast_dtype(torch.device("cpu"), "fp16") is None
     assert autocast_dtype(torch.device("cuda", 0), "off") is None
 
 
@@ -85,7 +87,7 @@ def test_inner_step_trains_with_and_without_autocast(autocast):
         model, forward=model, cfg=cfg.learner, device=torch.device("cpu"), autocast=autocast
     )
     batch = next(random_batches(cfg))
-    losses = [float(inner.train_step(batch)[0]) for _ in range(6)]
+    losses = [float(inner.train_step([batch])[0]) for _ in range(6)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert inner.step_count == 6 and inner.lr() == pytest.approx(cfg.learner.inner_lr)
@@ -99,7 +101,7 @@ def test_compiled_forward_shares_the_parameters():
     torch.testing.assert_close(compiled(batch).loss, model(batch).loss)
     inner = InnerLoop(model, forward=compiled, cfg=cfg.learner, device=torch.device("cpu"))
     before = model.wte.weight.detach().clone()
-    inner.train_step(batch)
+    inner.train_step([batch])
     assert not torch.equal(before, model.wte.weight)
 
 

@@ -93,5 +93,5 @@ def plain_training(cfg: DDQConfig, n_steps: int, *, batch_size: int) -> InnerLoo
         eval_fraction=cfg.data.eval_fraction,
     )
     for _ in range(n_steps):
-        loop.train_step(next(loader))
+        loop.train_step([next(loader)])
     return loop
