@@ -133,16 +133,15 @@ class InnerLoop:
         lr = self.lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total = torch.zeros((), device=self.device)
+        no_sync = getattr(self._forward, "no_sync", None)  # DDP: all-reduce once, at the end
+        losses = []
         for i, batch in enumerate(batches):
-            last = i == len(batches) - 1
-            no_sync = getattr(self._forward, "no_sync", None)  # DDP: all-reduce once, at the end
-            with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-                loss = self._micro_step(batch, len(batches))
-            total += loss
+            defer = i < len(batches) - 1
+            with no_sync() if defer and no_sync is not None else contextlib.nullcontext():
+                losses.append(self._micro_step(batch, len(batches)))
         self._optimizer_step()
         self.step_count += 1
-        return total / len(batches), lr
+        return (losses[0] if len(losses) == 1 else torch.stack(losses).mean()), lr
 
     def _micro_step(self, batch: Batch, n_micro: int) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its detached loss."""
