@@ -551,6 +551,10 @@ class LearnerConfig(_Section):
     leave_timeout_s: float = Field(
         10.0, ge=0, description="On shutdown, flush queued contributions this long at most."
     )
+    step_log: str | None = Field(
+        None,
+        description="Append one JSON line per inner step to this file ({learner_id} expands).",
+    )
 
 
 class SynchronizerConfig(_Section):

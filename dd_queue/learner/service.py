@@ -34,6 +34,7 @@ from dd_queue.learner.build import build_learner, resolve_device
 from dd_queue.learner.dist import group_from_env
 from dd_queue.learner.learner import Learner, StepReport
 from dd_queue.learner.pump import PumpReport
+from dd_queue.learner.steplog import StepLog
 from dd_queue.log import fields, setup_logging
 from dd_queue.startup import wait_for
 from dd_queue.tracking import NULL_TRACKER, Tracker, open_tracker
@@ -173,12 +174,14 @@ def train(
     *,
     exit_on_kill: bool = True,
     tracker: Tracker = NULL_TRACKER,
+    steps: StepLog | None = None,
 ) -> int:
     """Step until done, stopped or killed; returns the exit code.
 
     A ``kill`` fault exits the process at once (code 137); with ``exit_on_kill`` False (a
     learner thread inside another process) it returns ``KILLED_EXIT_CODE`` instead. Every
-    ``tracking.every_steps`` steps a point goes to ``tracker``.
+    ``tracking.every_steps`` steps a point goes to ``tracker``; every step a line goes to
+    ``steps`` (``learner.step_log``).
     """
     next_note = learner.clock.now() + _PROGRESS_EVERY_S
     curve = (
@@ -190,7 +193,17 @@ def train(
         if threads.error is not None:
             return 1
         report = learner.step()
+        if steps is not None and report.action == "trained":
+            steps.step(
+                report.step,
+                tokens=learner.n_tokens,
+                loss=report.loss if steps.wants_loss(report.step) else None,
+                applied=report.applied,
+                snapshots=report.snapshots,
+            )
         if report.action == "killed":
+            if steps is not None:
+                steps.write("killed", step=report.step)
             if not exit_on_kill:
                 log.error("learner.killed by a fault: %s stops at once", learner.learner_id)
                 return KILLED_EXIT_CODE
@@ -240,6 +253,13 @@ def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
     stop = TwoStageStop().install()
     # rank 0 writes the curves; a missing tracking package stops the learner here, untrained
     tracker = open_tracker(cfg, f"learner-{learner_id}") if group.rank == 0 else NULL_TRACKER
+    steps = (
+        StepLog(cfg.learner.step_log, learner_id=learner_id, loss_every=cfg.tracking.every_steps)
+        if cfg.learner.step_log and group.rank == 0
+        else None
+    )
+    if steps is not None:
+        steps.write("start", learner=learner_id)
     try:
         role = f"learner {learner_id}"
         if bus is not None and not wait_for(("redis",), cfg=cfg, bus=bus, role=role, stop=stop):
@@ -247,14 +267,21 @@ def run(cfg: DDQConfig, learner_id: str, *, environ: Mapping[str, str]) -> int:
         learner = build_learner(
             cfg, learner_id, group=group, bus=bus, clock=SystemClock(), device=device
         )
-        if learner.join(stop=stop) is None:
+        versions = learner.join(stop=stop)
+        if versions is None:
             return 0  # stopped while waiting for the global model
+        if steps is not None:
+            steps.joined(learner.inner.step_count, versions)
         with PumpThreads(learner, receive_block_ms=cfg.learner.receive_block_ms) as threads:
-            code = train(learner, stop, threads, tracker=tracker)
+            code = train(learner, stop, threads, tracker=tracker, steps=steps)
         learner.leave()
+        if steps is not None:
+            steps.write("left", step=learner.inner.step_count, code=code)
         return code
     finally:
         tracker.close()
+        if steps is not None:
+            steps.close()
         if bus is not None:
             bus.close()
         group.close()
