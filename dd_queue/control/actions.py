@@ -113,6 +113,8 @@ class Actions:
             params["factor"] = req.factor or 3.0
         if req.delay_s is not None or req.kind == "delay":
             params["delay_s"] = req.delay_s or 1.0
+        if req.point is not None:
+            params["point"] = req.point
         shots = (req.count or 1) if req.kind == "corrupt" and req.duration_s is None else 1
         ids = [fault_id] if shots == 1 else [f"{fault_id}-{i + 1}" for i in range(shots)]
         commands = []

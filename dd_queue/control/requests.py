@@ -36,6 +36,11 @@ RANDOM = "random"
 SYNCHRONIZER_KINDS: tuple[FaultKind, ...] = ("kill", "stall", "disconnect")
 TIMED_KINDS: tuple[FaultKind, ...] = ("stall", "slow", "drop", "delay", "disconnect")
 _ONLY_FOR = {"factor": "slow", "delay_s": "delay", "count": "corrupt"}
+LEARNER_KILL_POINTS = ("before_step", "before_publish")
+SYNCHRONIZER_KILL_POINTS = ("before_round", "after_merge", "before_commit", "after_commit")
+KillPoint = Literal[
+    "before_step", "before_publish", "before_round", "after_merge", "before_commit", "after_commit"
+]
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, examples=["L0"])]
 Operator = Annotated[
@@ -79,10 +84,31 @@ class FaultRequest(_Body):
         le=FAULT_BOUNDS["count"][1],
         description="corrupt only: contributions to corrupt (default 1).",
     )
+    point: KillPoint | None = Field(
+        None,
+        description="kill only: the safe point it fires at (learner: before_step, the default, "
+        "or before_publish, with a contribution in hand; synchronizer: before_round, the "
+        "default, after_merge, before_commit or after_commit).",
+    )
     by: Operator = "api"
 
     @model_validator(mode="after")
     def _check_kind(self) -> Self:
+        if self.point is not None and self.kind != "kill":
+            raise ValueError(f"point applies only to kind 'kill', not {self.kind!r}")
+        if self.point is not None:
+            learner_point = self.point in LEARNER_KILL_POINTS
+            if learner_point == (self.target == SYNCHRONIZER):
+                where = "the synchronizer" if self.target == SYNCHRONIZER else "a learner"
+                allowed = (
+                    SYNCHRONIZER_KILL_POINTS
+                    if self.target == SYNCHRONIZER
+                    else (LEARNER_KILL_POINTS)
+                )
+                raise ValueError(
+                    f"point {self.point!r} is not a safe point of {where}; use one of "
+                    f"{list(allowed)}"
+                )
         for name, kind in _ONLY_FOR.items():
             if getattr(self, name) is not None and self.kind != kind:
                 raise ValueError(f"{name} applies only to kind {kind!r}, not {self.kind!r}")

@@ -288,7 +288,8 @@ class Learner:
         """
         step = self.inner.step_count
         max_steps = self.cfg.learner.max_steps
-        if self._dead:
+        if self._dead or (self.bus_pump is not None and self.bus_pump.killed):
+            self._dead, self.state = True, "killed"
             return StepReport(action="killed", step=step, stop=True)
         if max_steps and step >= max_steps:
             return StepReport(action="finished", step=step, stop=True)

@@ -140,6 +140,7 @@ class Pump:
         self._lock = threading.Lock()  # guards the offline state shared by both halves
         self._offline_until: float | None = None
         self._realign_due = False
+        self.killed = False  # a kill fault fired at before_publish: the learner dies at once
         now = clock.now()
         self._next_beat = self._next_sweep = now
         self._next_realign = now + settings.resync_interval_s
@@ -187,6 +188,8 @@ class Pump:
     # ── receive ──────────────────────────────────────────────────────────────────────────
     def receive(self, *, block_ms: int = 0) -> PumpReport:
         """Commands, round openings (waits ≤ ``block_ms`` for one), new globals, heartbeat."""
+        if self.killed:  # a dead process is silent
+            return PumpReport(online=False)
         effect = self.injector.effect("on_receive")
         if effect.offline_until_s is not None:
             self._go_offline(effect.reason, effect.offline_until_s)
@@ -322,7 +325,7 @@ class Pump:
     # ── send ─────────────────────────────────────────────────────────────────────────────
     def send(self, *, block_ms: int = 0) -> PumpReport:
         """Publish every waiting snapshot (waits ≤ ``block_ms`` for the first)."""
-        if self._wait_offline(block_ms):
+        if self.killed or self._wait_offline(block_ms):
             return PumpReport(online=False)
         report = PumpReport()
         wait_ms = block_ms
@@ -336,6 +339,10 @@ class Pump:
     def _send_one(self, snapshot: Snapshot) -> PumpReport:
         pair = (snapshot.fragment_id, snapshot.round_id)
         effect = self.injector.effect("before_publish")
+        if effect.kill:  # the contribution in hand dies with the process
+            log.warning("fault.injected %s: kill while publishing %s", effect.fault_id, pair)
+            self.killed = True
+            return PumpReport(online=False)
         if effect.offline_until_s is not None:
             self._go_offline(effect.reason, effect.offline_until_s)
             self.outbox.restore(snapshot)
