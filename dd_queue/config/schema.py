@@ -575,7 +575,7 @@ class SynchronizerConfig(_Section):
     grace_cap_s: float | None = Field(
         None, ge=0, description="Upper bound of the grace window (null = one step time)."
     )
-    overlap_steps: float = Field(1.0, ge=0, description="τ: inner steps a round may overlap.")
+    overlap_steps: float = Field(3.0, ge=0, description="τ: inner steps a round may overlap.")
     round_timeout_s: float = Field(60.0, gt=0, description="Abandon a round without quorum.")
     ema_alpha: float = Field(0.2, gt=0, le=1, description="Weight of new samples in the EMAs.")
     max_staleness: int = Field(

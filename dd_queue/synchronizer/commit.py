@@ -125,8 +125,13 @@ def _next_state(
     """The state after the merge: version + 1, the ring with Θ_p(v+1), counters and EMAs."""
     state = rt.state
     quorum_s, sync_s = _quorum_sample(rt, decision), max(0.0, ctx.clock.now() - now)
+    # The first round waits for learners to start and join, and runs cold: counted in the
+    # histograms, but no sample of the EMAs (it held the grace window shut for many rounds).
+    cold = state.version == 0
     estimates = state.estimates(Ema()).observe(
-        alpha=ctx.sync.ema_alpha, quorum_s=quorum_s, sync_s=sync_s
+        alpha=ctx.sync.ema_alpha,
+        quorum_s=None if cold else quorum_s,
+        sync_s=None if cold else sync_s,
     )
     reached = decision.quorum_reached_at_s
     new_state = _counted(
