@@ -35,6 +35,7 @@ from dd_queue.synchronizer.context import Context
 
 __all__ = [
     "count_takes",
+    "latest_opening",
     "latest_round",
     "pending_entries",
     "rebuild_round",
@@ -48,16 +49,22 @@ PAGE = 500
 """Pending entries read per call."""
 
 
-def latest_round(ctx: Context) -> int | None:
-    """The newest round id announced on the run's ``open`` stream (any fragment), or None."""
+def latest_opening(ctx: Context) -> RoundOpen | None:
+    """The newest round opening on the run's ``open`` stream (any fragment), or None."""
     entry = ctx.bus.read_latest(ctx.bus.keys.opened_rounds())
     if entry is None:
         return None
     try:
-        return RoundOpen.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits).round_id
+        return RoundOpen.from_fields(entry.fields, run_id=ctx.run_id, limits=ctx.limits)
     except ProtocolError as exc:
         log.warning("round.open_unreadable %s: %s", entry.id, exc)
         return None
+
+
+def latest_round(ctx: Context) -> int | None:
+    """The newest round id announced on the run's ``open`` stream (any fragment), or None."""
+    opening = latest_opening(ctx)
+    return None if opening is None else opening.round_id
 
 
 def pending_entries(ctx: Context, fragment_id: int) -> list[Entry]:

@@ -163,8 +163,12 @@ class Synchronizer:
         self.contributions.start()  # warm before any read: a takeover must not wait for start-up
         ctx, now = self.ctx, self.ctx.clock.now()
         self._plan = plan_of(self._source, ctx.sync)
-        latest = recovery.latest_round(ctx)
-        self._pace = None if latest is None else (latest, now)
+        # Keep the run's pace: the next round is due one interval after the newest opening
+        # (a predecessor's, when this is a restart or a takeover), at once when overdue.
+        latest = recovery.latest_opening(ctx)
+        if latest is not None:
+            since_s = max(0.0, ctx.wall() - latest.opened_at_s)
+            self._pace = (latest.round_id, now - since_s)
         self._commands = Commands(ctx)
         self._acquire_free(now)
         self._arrays = None  # only needed while creating the run
