@@ -1,0 +1,91 @@
+"""The reductions of ``bench/bench_resilience.py``: rates, gaps, discarded steps, relaunch
+contributions and the exactly-once audit, on hand-made records."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dd_queue.messages import ContributorRecord, EntryOutcome
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import bench_resilience as br
+
+
+def step(pid: int, n: int, t: float) -> dict[str, Any]:
+    return {"ev": "step", "pid": pid, "step": n, "t": t, "mono": t}
+
+
+class Round:
+    """The fields of a RoundRecord the reductions read."""
+
+    def __init__(self, closed: float, entries: list[tuple[str, str, str]], merged: bool = True):
+        self.decision = "merge" if merged else "abandon"
+        self.closed_at_s = closed
+        self.entries = tuple(
+            EntryOutcome(entry_id=e, learner_id=lid, round_id=0, outcome=out, reason="")  # type: ignore[arg-type]
+            for e, lid, out in entries
+        )
+        self.contributors = tuple(
+            ContributorRecord(learner_id=lid, weight=1.0, n_tokens=1, n_steps=1, staleness=0)
+            for _, lid, out in entries
+            if out == "merged"
+        )
+
+
+def test_rate_counts_steps_after_the_warm_step_only() -> None:
+    records = [step(1, n, n * 0.5 if n <= 20 else 10.0 + (n - 20) * 0.25) for n in range(1, 41)]
+    assert br.rate(records) == pytest.approx(20 / (records[-1]["t"] - records[19]["t"]))
+    assert br.rate(records[:10]) is None  # never reached the warm step
+
+
+def test_longest_gap_sees_the_open_gap_of_a_learner_that_stopped() -> None:
+    records = [step(1, 1, 0.0), step(1, 2, 1.0), step(1, 3, 4.0), step(1, 4, 4.5)]
+    assert br.longest_gap(records, 0.0, 4.5) == pytest.approx(3.0)
+    assert br.longest_gap(records, 4.1, 4.5) == pytest.approx(0.5)
+    assert br.longest_gap(records, 4.1, 10.0) == pytest.approx(5.5)  # silent since 4.5
+    assert br.median_step(records) == pytest.approx(1.0)
+
+
+def test_discarded_steps_is_how_far_the_counter_went_back() -> None:
+    forward = [step(1, n, float(n)) for n in range(1, 6)]
+    assert br.discarded_steps(forward) == 0
+    rolled = [*forward, step(1, 3, 6.0), step(1, 4, 7.0), step(1, 5, 8.0), step(1, 6, 9.0)]
+    assert br.discarded_steps(rolled) == 3 + 2 + 1
+
+
+def test_first_contribution_is_the_first_merged_entry_sent_after_the_join() -> None:
+    rounds = [
+        Round(5.0, [("1000-0", "L1", "merged")]),  # the dead predecessor's entry
+        Round(6.0, [("3000-0", "L1", "late")]),
+        Round(7.0, [("3500-0", "L1", "merged")], merged=False),
+        Round(8.0, [("4000-0", "L1", "merged"), ("4000-1", "L0", "merged")]),
+    ]
+    found = br.first_contribution(rounds, "L1", 2000.0)
+    assert found is rounds[3]
+    assert br.first_contribution(rounds, "L1", 5000.0) is None
+    assert br.first_merge_after(rounds, 5.5) is rounds[1]  # merged (without L1's late entry)
+    assert br.first_merge_after(rounds, 8.0) is None
+    assert br.round_share(rounds, "L1", 0.0, 10.0) == pytest.approx(2 / 3)  # abandoned: not one
+    assert br.round_share(rounds, "L0", 0.0, 10.0) == pytest.approx(1 / 3)
+
+
+def test_audit_counts_twice_settled_twice_merged_and_lost_entries() -> None:
+    rounds = [
+        Round(1.0, [("1-0", "L0", "merged"), ("2-0", "L1", "carried")]),
+        Round(2.0, [("2-0", "L1", "merged"), ("1-0", "L0", "merged")]),  # 1-0 applied twice
+        Round(3.0, [("3-0", "L1", "late")]),
+    ]
+    sent = {"1-0", "2-0", "3-0", "4-0", "5-0", "6-0"}
+    got = br.audit(rounds, sent, dead_lettered={"4-0"}, pending={"5-0"})
+    assert got == {"settled_twice": 1, "merged_twice": 1, "lost": 1, "pending": 1, "sent": 6}
+
+
+def test_read_jsonl_skips_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "L0.jsonl"
+    path.write_text('{"ev": "step", "pid": 1, "step": 1, "t": 0.0}\n{"ev": "st')
+    assert [r["step"] for r in br.read_jsonl(path)] == [1]
+    assert br.read_jsonl(tmp_path / "missing.jsonl") == []
