@@ -154,6 +154,13 @@ def test_fault_injection_needs_the_token(run: Run, headers, words):
         ({"target": "synchronizer", "kind": "slow", "duration_s": 3}, "synchronizer takes"),
         ({"target": "L{1}", "kind": "kill"}, "pattern"),
         ({"target": "L1", "kind": "corrupt", "count": 2, "duration_s": 3}, "not both"),
+        ({**STALL, "point": "before_step"}, "point applies only to kind 'kill'"),
+        ({"target": "L1", "kind": "kill", "point": "after_merge"}, "not a safe point of a learner"),
+        (
+            {"target": "synchronizer", "kind": "kill", "point": "before_publish"},
+            "not a safe point of the synchronizer",
+        ),
+        ({"target": "L1", "kind": "kill", "point": "anywhere"}, "before_publish"),
     ],
 )
 def test_bad_fault_bodies_are_422_with_the_reason(run: Run, body, words):
@@ -195,6 +202,15 @@ def test_fault_goes_to_the_target_control_stream_and_is_recorded(run: Run):
     assert listed["fault_id"] == fault["fault_id"]
     learner = run.client.get("/api/learners/L1").json()
     assert learner["active_faults"] == [fault["fault_id"]]
+
+
+def test_a_kill_carries_its_point_to_the_target(run: Run):
+    body = {"target": "L1", "kind": "kill", "point": "before_publish"}
+    answer = run.client.post("/api/faults", json=body, headers=AUTH)
+    assert answer.status_code == 201, answer.text
+    [cmd] = commands(run.bus, run.cfg, "L1")
+    assert (cmd.kind, cmd.params) == ("kill", {"point": "before_publish"})
+    assert answer.json()["params"] == {"point": "before_publish"}
 
 
 def test_corrupt_count_random_target_and_synchronizer_kill(run: Run):

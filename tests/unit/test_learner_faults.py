@@ -148,3 +148,19 @@ def test_a_one_shot_disconnect_at_on_receive_ends_at_once_and_realigns(caplog):
     offline, online = (m for m in _messages(caplog) if m.startswith("learner.o"))
     assert offline.startswith("learner.offline fault x2: disconnect;")
     assert online.startswith("learner.online ")
+
+
+def test_kill_at_before_publish_loses_the_contribution_and_silences_the_learner(caplog):
+    rig = make_rig()
+    _snapshot_waiting(rig)
+    rig.learner.injector.arm("kill", fault_id="k2", params={"point": "before_publish"})
+    with caplog.at_level("WARNING", logger="dd_queue.learner"):
+        report = rig.learner.pump_send()
+    assert report.sent == () and not report.online
+    assert "fault.injected k2: kill while publishing (0, 0)" in _messages(caplog)
+    assert rig.standin.contributions() == []  # died with it in hand
+    assert not rig.learner.pump_receive().online  # a dead process is silent
+    assert not rig.learner.pump_send().online
+    step = rig.learner.step()
+    assert (step.action, step.stop, rig.learner.state) == ("killed", True, "killed")
+    assert rig.learner.inner.step_count == 1  # no step after the kill

@@ -15,10 +15,11 @@ from dd_queue.bus import MemoryBus, ops
 from dd_queue.clock import FakeClock
 from dd_queue.core.fragments import flatten_fragment
 from dd_queue.core.merge import segment_sq_norms
+from dd_queue.core.schedule import round_interval_s
 from dd_queue.errors import ConfigError, CorruptPayload, DDQError
 from dd_queue.faults import FaultInjector
 from dd_queue.fragment_state import fragment_of
-from dd_queue.messages import Event, FaultCommand, MessageLimits
+from dd_queue.messages import Event, FaultCommand, MessageLimits, RoundOpen
 from dd_queue.synchronizer import ArraySource, FragmentState, Synchronizer, plan_of
 from tests.synchronizer_support import (
     beat,
@@ -108,6 +109,40 @@ def test_start_creates_version_zero_of_every_fragment(bus, clock):
         msg, theta = latest_global(bus, cfg, p)
         assert msg.version == 0
         np.testing.assert_array_equal(theta, theta0(cfg, p))
+
+
+def _newest_opening(bus, cfg) -> RoundOpen:
+    entry = bus.read_latest(bus.keys.opened_rounds())
+    assert entry is not None
+    return RoundOpen.from_fields(entry.fields, run_id="t", limits=MessageLimits())
+
+
+@pytest.mark.parametrize("restart_after", [0.6, 3.0])
+def test_a_restarted_synchronizer_keeps_the_runs_round_pace(bus, clock, restart_after):
+    """The next round is due one interval after the predecessor's last opening (not after the
+    restart), and opens at the first pump when that is overdue."""
+    cfg = make_config()
+    sync = cfg.synchronizer
+    interval = round_interval_s(
+        sync.initial_step_time_s,
+        sync_every_steps=sync.sync_every_steps,
+        n_fragments=sync.n_fragments,
+    )
+    open_round(new_sync(bus, clock, cfg), clock, 0)  # round 0, then the process dies
+    first = _newest_opening(bus, cfg)
+    clock.advance(first.opened_at_s + restart_after * interval - clock.now())
+    restarted = new_sync(bus, clock, cfg)  # the same id: a restart
+    restarted.pump()
+    if restart_after > 1:  # overdue: at once
+        assert _newest_opening(bus, cfg).round_id == 1
+        assert _newest_opening(bus, cfg).opened_at_s == pytest.approx(clock.now())
+        return
+    assert _newest_opening(bus, cfg).round_id == 0  # not due yet
+    while _newest_opening(bus, cfg).round_id == 0:
+        clock.advance(0.01)
+        restarted.pump()
+    due = first.opened_at_s + interval
+    assert _newest_opening(bus, cfg).opened_at_s == pytest.approx(due, abs=0.02)
 
 
 def test_restart_continues_exactly_where_the_commit_left(bus, clock):
