@@ -279,65 +279,29 @@ def run_config(work: Path, redis_url: str, port: int, args: argparse.Namespace) 
     return path
 
 
-class Formation:
-    """Redis, synchronizer(s), control plane, evaluator and two learners as real processes."""
+class Processes:
+    """Named child processes, their launch times and their step logs under ``work/steps``."""
 
-    def __init__(
-        self, work: Path, args: argparse.Namespace, *, evaluator: bool = True, max_steps: int = 0
-    ) -> None:
-        from dd_queue.bus import RedisBus
-        from dd_queue.config import load_config
-        from tests.redisproc import RedisProcess, free_port
-
+    def __init__(self, work: Path) -> None:
         self.work = work
         (work / "steps").mkdir(parents=True, exist_ok=True)
-        self.redis = RedisProcess(appendonly=True).start()
-        self.port = free_port()
-        self.config = run_config(work, self.redis.url, self.port, args)
-        self.cfg = load_config(self.config)
-        self.bus = RedisBus(self.redis.url, "resil", options=self.cfg.redis.options())
-        self.max_steps = max_steps
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.launched: dict[str, float] = {}  # name → wall time of its latest launch
-        self.evaluator = evaluator
 
-    def __enter__(self) -> Formation:
-        self.spawn("synchronizer", "dd_queue.services.synchronizer")
-        self.spawn("control", "dd_queue.services.control_plane")
-        if self.evaluator:
-            self.spawn("evaluator", "dd_queue.cli", "evaluator", first=True)
-        for lid in LEARNERS:
-            self.learner(lid)
+    def __enter__(self) -> Processes:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def spawn(self, name: str, module: str, *extra: str, first: bool = False) -> None:
-        """Start ``python -m module [extra...] --config run.yaml`` (``first``: the subcommand
-        goes before ``--config``)."""
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        if self.max_steps:
-            env["DDQ__LEARNER__MAX_STEPS"] = str(self.max_steps)
-        args = [*extra, "--config", str(self.config)] if first else ["--config", str(self.config)]
-        if not first:
-            args += list(extra)
+    def popen(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """Start ``argv`` as ``name`` (one thread for torch), output in ``work/name.log``."""
+        full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         with (self.work / f"{name}.log").open("ab") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                list(argv), cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT
             )
         self.launched[name] = time.time()
-
-    def learner(self, lid: str) -> None:
-        self.spawn(lid, "dd_queue.services.learner", "--learner-id", lid)
-
-    def synchronizer(self, sync_id: str = "sync-0") -> None:
-        name = "synchronizer" if sync_id == "sync-0" else sync_id
-        self.spawn(name, "dd_queue.services.synchronizer", "--id", sync_id)
 
     def kill(self, name: str) -> float:
         """kill -9 ``name`` (and its children, as a dead host takes them); returns the time."""
@@ -362,32 +326,9 @@ class Formation:
         trained = steps(self.incarnation(lid))
         return trained[-1]["step"] if trained else -1
 
-    def rounds(self) -> list[Any]:
-        from dd_queue.messages import RoundRecord
-
-        limits, found = self.cfg.wire.message_limits(), []
-        for p in range(self.cfg.synchronizer.n_fragments):
-            for e in self.bus.read(self.bus.keys.rounds(p), count=1_000_000):
-                found.append(RoundRecord.from_fields(e.fields, run_id="resil", limits=limits))
-        return found
-
-    def fault(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST /api/faults (the admin token); raises on an error status."""
-        import httpx
-
-        reply = httpx.post(
-            f"http://127.0.0.1:{self.port}/api/faults",
-            json=dict(body),
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=10.0,
-        )
-        if reply.status_code >= 300:
-            raise RuntimeError(f"POST /api/faults {body}: {reply.status_code} {reply.text}")
-        return dict(reply.json())
-
     def wait(self, what: str, predicate: Callable[[], Any], timeout_s: float) -> Any:
-        """Poll ``predicate`` (orchestration only, never a timing) until truthy; a dead
-        learner, synchronizer or control plane that should be running is an error."""
+        """Poll ``predicate`` (orchestration only, never a timing) until truthy; a process
+        that exits with an error (not 0, not kill -9) meanwhile is an error."""
         deadline = time.time() + timeout_s
         while True:
             with contextlib.suppress(Exception):
@@ -411,6 +352,87 @@ class Formation:
                 self.procs[name].wait(timeout=left)
             except subprocess.TimeoutExpired as exc:
                 raise TimeoutError(f"{name} did not finish within {timeout_s:g} s") from exc
+
+    def close(self) -> None:
+        """SIGTERM every live process; kill -9 what has not exited 20 s later."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 20.0
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class Formation(Processes):
+    """Redis, synchronizer(s), control plane, evaluator and two learners as real processes."""
+
+    def __init__(
+        self, work: Path, args: argparse.Namespace, *, evaluator: bool = True, max_steps: int = 0
+    ) -> None:
+        from dd_queue.bus import RedisBus
+        from dd_queue.config import load_config
+        from tests.redisproc import RedisProcess, free_port
+
+        super().__init__(work)
+        self.redis = RedisProcess(appendonly=True).start()
+        self.port = free_port()
+        self.config = run_config(work, self.redis.url, self.port, args)
+        self.cfg = load_config(self.config)
+        self.bus = RedisBus(self.redis.url, "resil", options=self.cfg.redis.options())
+        self.max_steps = max_steps
+        self.evaluator = evaluator
+
+    def __enter__(self) -> Formation:
+        self.spawn("synchronizer", "dd_queue.services.synchronizer")
+        self.spawn("control", "dd_queue.services.control_plane")
+        if self.evaluator:
+            self.spawn("evaluator", "dd_queue.cli", "evaluator", first=True)
+        for lid in LEARNERS:
+            self.learner(lid)
+        return self
+
+    def spawn(self, name: str, module: str, *extra: str, first: bool = False) -> None:
+        """Start ``python -m module [extra...] --config run.yaml`` (``first``: the subcommand
+        goes before ``--config``)."""
+        env = {"DDQ__LEARNER__MAX_STEPS": str(self.max_steps)} if self.max_steps else {}
+        args = [*extra, "--config", str(self.config)] if first else ["--config", str(self.config)]
+        if not first:
+            args += list(extra)
+        self.popen(name, [sys.executable, "-m", module, *args], env)
+
+    def learner(self, lid: str) -> None:
+        self.spawn(lid, "dd_queue.services.learner", "--learner-id", lid)
+
+    def synchronizer(self, sync_id: str = "sync-0") -> None:
+        name = "synchronizer" if sync_id == "sync-0" else sync_id
+        self.spawn(name, "dd_queue.services.synchronizer", "--id", sync_id)
+
+    def rounds(self) -> list[Any]:
+        from dd_queue.messages import RoundRecord
+
+        limits, found = self.cfg.wire.message_limits(), []
+        for p in range(self.cfg.synchronizer.n_fragments):
+            for e in self.bus.read(self.bus.keys.rounds(p), count=1_000_000):
+                found.append(RoundRecord.from_fields(e.fields, run_id="resil", limits=limits))
+        return found
+
+    def fault(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST /api/faults (the admin token); raises on an error status."""
+        import httpx
+
+        reply = httpx.post(
+            f"http://127.0.0.1:{self.port}/api/faults",
+            json=dict(body),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10.0,
+        )
+        if reply.status_code >= 300:
+            raise RuntimeError(f"POST /api/faults {body}: {reply.status_code} {reply.text}")
+        return dict(reply.json())
 
     def stop_learners(self) -> None:
         for lid in LEARNERS:
@@ -446,16 +468,7 @@ class Formation:
         return totals
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + 20.0
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        super().close()
         self.bus.close()
         self.redis.close()
 
@@ -471,15 +484,16 @@ class CpuSampler:
 
 
 # ── the plain baseline ─────────────────────────────────────────────────────────────────────
-def plain_worker(config: str, learner_id: str, n_steps: int, log_path: str) -> int:
-    """One plain training process: the learner's model, shard, InnerLoop and thread count, no
-    bus, no pump threads; one step line per step in the learner's step-log format."""
+def training_parts(config: str, learner_id: str, log_path: str) -> tuple[Any, Any, Any, Any]:
+    """(cfg, inner loop, batch iterator, step log) of one training process: the learner's model,
+    shard, ``InnerLoop`` and thread count, no bus. The plain baseline and the torchft peer's
+    worker (``bench/peer_torchft.py``) both train exactly these."""
     import torch
 
     from dd_queue.config import load_config
     from dd_queue.learner.build import build_loader_for
     from dd_queue.learner.dist import SingleProcess
-    from dd_queue.learner.inner import InnerLoop, autocast_dtype, count_tokens, grad_scaler
+    from dd_queue.learner.inner import InnerLoop, autocast_dtype, grad_scaler
     from dd_queue.learner.steplog import StepLog
     from dd_queue.models.builder import build
 
@@ -498,6 +512,15 @@ def plain_worker(config: str, learner_id: str, n_steps: int, log_path: str) -> i
         autocast=compute,
         scaler=grad_scaler(device, compute),
     )
+    return cfg, inner, loader, log
+
+
+def plain_worker(config: str, learner_id: str, n_steps: int, log_path: str) -> int:
+    """One plain training process (``training_parts``, no bus, no pump threads); one step line
+    per step in the learner's step-log format."""
+    from dd_queue.learner.inner import count_tokens
+
+    cfg, inner, loader, log = training_parts(config, learner_id, log_path)
     log.joined(0, {})
     tokens = 0
     for _ in range(n_steps):
@@ -774,39 +797,86 @@ def scenario_redis(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 SCENARIOS = ("steady", "hetero", "kill-learner", "kill-sync", "redis")
 
 
-def run_scenarios(args: argparse.Namespace, work: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every asked scenario ``args.repeat`` times; the raw results by variant name."""
-    results: dict[str, list[dict[str, Any]]] = {}
+Scenario = tuple[
+    str, Callable[[Path], dict[str, Any]], Callable[[Path, Path], dict[str, Any]] | None
+]
 
-    def keep(name: str, fn: Callable[[Path], dict[str, Any]], rep: int) -> None:
-        where = work / f"{name}-{rep}"
+
+def plan(args: argparse.Namespace, peer_py: Path | None) -> list[Scenario]:
+    """(variant, our run, torchft's run or None where it has no such part) of every asked
+    scenario, in order. torchft has no synchronizer and no broker: kill-sync and redis are
+    ours alone."""
+    import peer_torchft as tf
+
+    py = peer_py or Path("python")
+    out: list[Scenario] = []
+    for name in args.scenarios:
+        if name == "steady":
+            out.append(
+                (
+                    "steady",
+                    lambda w: scenario_steady(w, args),
+                    lambda w, c: tf.steady(w, py, c, args.steps),
+                )
+            )
+        elif name == "hetero":
+            out += [
+                (
+                    f"hetero-{x:g}",
+                    lambda w, x=x: scenario_hetero(w, args, x),
+                    lambda w, c, x=x: tf.hetero(w, py, c, args.steps, x),
+                )
+                for x in (1.5, 2.0)
+            ]
+        elif name == "kill-learner":
+            out += [
+                (
+                    f"kill-learner-{h}",
+                    lambda w, h=h: scenario_kill_learner(w, args, h),
+                    lambda w, c, h=h: tf.kill_learner(w, py, c, h, args.h, args.seed),
+                )
+                for h in ("signal", "publish")
+            ]
+        elif name == "kill-sync":
+            out += [
+                (f"kill-sync-{h}", lambda w, h=h: scenario_kill_sync(w, args, h), None)
+                for h in ("signal", "after_merge", "standby")
+            ]
+        elif name == "redis":
+            out.append(("redis", lambda w: scenario_redis(w, args), None))
+    return out
+
+
+def run_scenarios(
+    args: argparse.Namespace, work: Path, peer_py: Path | None = None
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Every asked scenario ``args.repeat`` times, each followed by torchft's counterpart when
+    ``peer_py`` is its venv's python; the raw results of both systems by variant name."""
+    from tests.redisproc import free_port
+
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {"dd_queue": {}, "torchft": {}}
+
+    def keep(who: str, name: str, fn: Callable[[Path], dict[str, Any]], rep: int) -> dict[str, Any]:
+        where = work / who / f"{name}-{rep}"
         where.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
         out = fn(where)
         out["wall_s"] = time.time() - t0
-        results.setdefault(name, []).append(out)
-        print(f"  {name} #{rep + 1}: {json.dumps(out, default=_jsonable)}", file=sys.stderr)
+        results[who].setdefault(name, []).append(out)
+        print(f"  {who} {name} #{rep + 1}: {json.dumps(out, default=_jsonable)}", file=sys.stderr)
+        return out
 
     for rep in range(args.repeat):
-        for name in args.scenarios:
-            if name == "steady":
-                keep("steady", lambda w: scenario_steady(w, args), rep)
-            elif name == "hetero":
-                for factor in (1.5, 2.0):
-                    keep(f"hetero-{factor:g}", lambda w, x=factor: scenario_hetero(w, args, x), rep)
-            elif name == "kill-learner":
-                for how in ("signal", "publish"):
-                    keep(
-                        f"kill-learner-{how}",
-                        lambda w, h=how: scenario_kill_learner(w, args, h),
-                        rep,
-                    )
-            elif name == "kill-sync":
-                for how in ("signal", "after_merge", "standby"):
-                    keep(f"kill-sync-{how}", lambda w, h=how: scenario_kill_sync(w, args, h), rep)
-            elif name == "redis":
-                keep("redis", lambda w: scenario_redis(w, args), rep)
-    return results
+        for variant, mine, peer in plan(args, peer_py):
+            got = keep("dd_queue", variant, mine, rep)
+            if peer_py is None or peer is None:
+                continue
+            (work / "torchft").mkdir(parents=True, exist_ok=True)
+            config = run_config(work / "torchft", "redis://127.0.0.1:1/0", free_port(), args)
+            theirs = keep("torchft", variant, lambda w, p=peer, c=config: p(w, c), rep)
+            if variant == "steady":  # against the same plain pair, measured in this run
+                theirs["plain_steps_per_s"] = got["plain_steps_per_s"]
+    return results["dd_queue"], results["torchft"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -827,123 +897,148 @@ def _med(runs: Sequence[Mapping[str, Any]], key: str, digits: int = 2) -> str:
     return f"{_num(s['median'], digits)} [{_num(s['min'], digits)}–{_num(s['max'], digits)}]"
 
 
-def summarize(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[str, str, str]]:
-    """Rows (measurement, dd_queue: median [min–max], torchft anchor) of the head-to-head table."""
-    rows: list[tuple[str, str, str]] = []
-    if steady := results.get("steady"):
-        for r in steady:
-            r2 = dict(r)
-            r2["plain"] = statistics.mean(v for v in r["plain_steps_per_s"].values() if v)
-            r2["ours"] = statistics.mean(v for v in r["learner_steps_per_s"].values() if v)
-            r2["sync_cpu"] = r["cpu_share"].get("synchronizer")
-            r2["eval_cpu"] = r["cpu_share"].get("evaluator")
-            r2["control_cpu"] = r["cpu_share"].get("control")
-            r2["redis_cpu"] = r["cpu_share"].get("redis")
-            r.update(r2)  # type: ignore[attr-defined]
-        rows += [
-            ("steady: plain pair, steps/s each", _med(steady, "plain"), "2.84"),
-            ("steady: learners, steps/s each", _med(steady, "ours"), "2.89"),
-            ("steady: ratio to the plain pair (target ≥ 0.98)", _med(steady, "ratio", 3), "1.02"),
-            ("steady: synchronizer CPU, share of the machine", _med(steady, "sync_cpu", 3), "—"),
-            ("steady: evaluator CPU share", _med(steady, "eval_cpu", 3), "—"),
-            ("steady: control plane CPU share", _med(steady, "control_cpu", 3), "—"),
-            ("steady: redis CPU share", _med(steady, "redis_cpu", 3), "—"),
-        ]
+def derive(results: Mapping[str, Sequence[dict[str, Any]]]) -> None:
+    """Add the table's derived figures to one system's runs, in place: the steady means and CPU
+    shares, and each slow-peer run's fast rate over that system's own steady median."""
+    for r in results.get("steady", []):
+        plain = r.get("plain_steps_per_s") or {}
+        r["plain"] = statistics.mean(v for v in plain.values() if v) if plain else None
+        r["ours"] = statistics.mean(v for v in r["learner_steps_per_s"].values() if v)
+        if r["plain"]:
+            r["ratio"] = r["ours"] / r["plain"]
+        for name, key in (
+            ("synchronizer", "sync_cpu"),
+            ("evaluator", "eval_cpu"),
+            ("control", "control_cpu"),
+            ("redis", "redis_cpu"),
+        ):
+            r[key] = r.get("cpu_share", {}).get(name)
     base = spread([r.get("ours") for r in results.get("steady", [])])["median"]
-    for factor, anchor in (("1.5", "0.674"), ("2", "0.487")):
-        if runs := results.get(f"hetero-{factor}"):
+    for name, runs in results.items():
+        if name.startswith("hetero-"):
             for r in runs:
-                r["fast_ratio"] = r["fast_steps_per_s"] / base if base else None  # type: ignore[index]
-            rows += [
-                (
-                    f"peer {factor}× slower: fast learner vs steady (≥ 0.98)",
-                    _med(runs, "fast_ratio", 3),
-                    anchor,
-                ),
-                (
-                    f"peer {factor}× slower: rounds the fast one merged into",
-                    _med(runs, "fast_round_share"),
-                    "1.00",
-                ),
-                (
-                    f"peer {factor}× slower: rounds the slow one merged into",
-                    _med(runs, "slow_round_share"),
-                    "1.00",
-                ),
-            ]
-    for how, label in (("signal", "kill -9 in inner steps"), ("publish", "kill while publishing")):
-        if runs := results.get(f"kill-learner-{how}"):
-            rows += [
-                (
-                    f"{label}: survivor's longest step gap, s",
-                    _med(runs, "survivor_longest_gap_s"),
-                    "2.48",
-                ),
-                (f"{label}: … over its median step (≤ 1.5)", _med(runs, "gap_over_median"), "7.8"),
-                (
-                    f"{label}: survivor steps discarded",
-                    _med(runs, "survivor_steps_discarded", 0),
-                    "0 (20 mid-allreduce)",
-                ),
-                (
-                    f"{label}: victim's steps not yet contributed",
-                    _med(runs, "victim_steps_since_last_contribution", 0),
-                    "—",
-                ),
-                (
-                    f"{label}: relaunch → first merged contribution, s (< 5)",
-                    _med(runs, "relaunch_to_merged_s"),
-                    "12.58",
-                ),
-                (f"{label}: … process start, s", _med(runs, "process_start_s"), "2.48"),
-                (f"{label}: … join, s", _med(runs, "join_s"), "—"),
-                (f"{label}: … first contribution, s", _med(runs, "first_contribution_s"), "—"),
-            ]
+                r["fast_ratio"] = r["fast_steps_per_s"] / base if base else None
+
+
+# (variant, measurement, key or keys, digits, the torchft anchor's figure)
+Row = tuple[str, str, str | tuple[str, ...], int, str]
+
+
+def table_rows() -> list[Row]:
+    """Every measurement of the head-to-head table, in order."""
+    rows: list[Row] = [
+        ("steady", "steady: plain pair, steps/s each", "plain", 2, "2.84"),
+        ("steady", "steady: learners, steps/s each", "ours", 2, "2.89"),
+        ("steady", "steady: ratio to the plain pair (target ≥ 0.98)", "ratio", 3, "1.02"),
+        ("steady", "steady: synchronizer CPU, share of the machine", "sync_cpu", 3, "—"),
+        ("steady", "steady: evaluator CPU share", "eval_cpu", 3, "—"),
+        ("steady", "steady: control plane CPU share", "control_cpu", 3, "—"),
+        ("steady", "steady: redis CPU share", "redis_cpu", 3, "—"),
+        ("steady", "steady: learners per merged round", "contributors_per_round", 2, "2"),
+    ]
+    for factor, anchor in (("1.5", "0.674"), ("2", "0.487")):
+        v, label = f"hetero-{factor}", f"peer {factor}× slower"
+        rows += [
+            (v, f"{label}: fast learner vs steady (≥ 0.98)", "fast_ratio", 3, anchor),
+            (v, f"{label}: rounds the fast one merged into", "fast_round_share", 2, "1.00"),
+            (v, f"{label}: rounds the slow one merged into", "slow_round_share", 2, "1.00"),
+        ]
+    for how, label, discarded in (
+        ("signal", "kill -9 in inner steps", "0"),
+        ("publish", "kill while publishing (torchft: mid-allreduce)", "20"),
+    ):
+        v = f"kill-learner-{how}"
+        rows += [
+            (v, f"{label}: survivor's longest step gap, s", "survivor_longest_gap_s", 2, "2.48"),
+            (v, f"{label}: … over its median step (≤ 1.5)", "gap_over_median", 2, "7.8"),
+            (v, f"{label}: survivor steps discarded", "survivor_steps_discarded", 0, discarded),
+            (
+                v,
+                f"{label}: victim's steps not yet contributed",
+                "victim_steps_since_last_contribution",
+                0,
+                "—",
+            ),
+            (v, f"{label}: kill → survivor's next merge, s", "kill_to_next_merge_s", 2, "5.26"),
+            (
+                v,
+                f"{label}: relaunch → first merged contribution, s (< 5)",
+                "relaunch_to_merged_s",
+                2,
+                "12.58",
+            ),
+            (v, f"{label}: … process start, s", "process_start_s", 2, "2.48"),
+            (v, f"{label}: … join (torchft: to its first step), s", "join_s", 2, "—"),
+            (v, f"{label}: … first contribution, s", "first_contribution_s", 2, "—"),
+        ]
     for how, label in (
         ("signal", "synchronizer kill -9, restarted"),
         ("after_merge", "synchronizer killed between merge and commit, restarted"),
         ("standby", "synchronizer kill -9, standby takes over"),
     ):
-        if runs := results.get(f"kill-sync-{how}"):
-            target = "< 5" if how != "standby" else "≤ TTL + 2"
-            rows += [
-                (
-                    f"{label}: learners' longest step gap over median (≤ 1.5)",
-                    _med(runs, "gap_over_median"),
-                    "—",
-                ),
-                (
-                    f"{label}: kill → next merge, s ({target})",
-                    _med(runs, "kill_to_next_merge_s"),
-                    "—",
-                ),
-                (
-                    f"{label}: settled twice / merged twice / lost",
-                    "/".join(_med(runs, k, 0) for k in ("settled_twice", "merged_twice", "lost")),
-                    "—",
-                ),
-            ]
-    if runs := results.get("redis"):
+        v, target = f"kill-sync-{how}", ("< 5" if how != "standby" else "≤ TTL + 2")
         rows += [
+            (v, f"{label}: learners' longest step gap ÷ median (≤ 1.5)", "gap_over_median", 2, "—"),
+            (v, f"{label}: kill → next merge, s ({target})", "kill_to_next_merge_s", 2, "—"),
             (
-                "redis kill -9 + AOF restart: learners' longest gap over median",
-                _med(runs, "gap_over_median"),
-                "—",
-            ),
-            (
-                "redis kill -9 + AOF restart: back → next merge, s",
-                _med(runs, "back_to_next_merge_s"),
+                v,
+                f"{label}: settled twice / merged twice / lost",
+                ("settled_twice", "merged_twice", "lost"),
+                0,
                 "—",
             ),
         ]
+    rows += [
+        ("redis", "redis kill -9 + AOF restart: longest gap ÷ median", "gap_over_median", 2, "—"),
+        ("redis", "redis kill -9 + AOF restart: back → merge, s", "back_to_next_merge_s", 2, "—"),
+    ]
     return rows
 
 
-def print_table(rows: Sequence[tuple[str, str, str]]) -> None:
+def _cell(runs: Sequence[Mapping[str, Any]] | None, key: str | tuple[str, ...], digits: int) -> str:
+    if runs is None:
+        return "n/a"
+    if isinstance(key, tuple):
+        return "/".join(_med(runs, k, digits) for k in key)
+    return _med(runs, key, digits)
+
+
+def summarize(
+    results: Mapping[str, Sequence[dict[str, Any]]],
+    peer: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+) -> list[tuple[str, str, str, str]]:
+    """Rows (measurement, dd_queue: median [min–max], torchft, dd_queue ÷ torchft) of the
+    head-to-head table. torchft is ``peer`` (measured in this run; "n/a" where it has no such
+    scenario) or, without one, the anchor's figure (and no ratio)."""
+    derive(results)
+    if peer is not None:
+        derive(peer)
+    out = []
+    for variant, label, key, digits, anchor in table_rows():
+        if variant not in results:
+            continue
+        ours = _cell(results[variant], key, digits)
+        if peer is None:
+            out.append((label, ours, anchor, ""))
+            continue
+        theirs = _cell(peer.get(variant), key, digits)
+        ratio = ""
+        if isinstance(key, str) and variant in peer:
+            a = spread([r.get(key) for r in results[variant]])["median"]
+            b = spread([r.get(key) for r in peer[variant]])["median"]
+            if a is not None and b:
+                ratio = f"{a / b:.2f}"
+        out.append((label, ours, theirs, ratio))
+    return out
+
+
+def print_table(rows: Sequence[tuple[str, str, str, str]], peer: bool) -> None:
     width = max(len(r[0]) for r in rows)
-    print(f"{'measurement':<{width}}  {'dd_queue':>24}  torchft (anchor)")
-    for name, ours, theirs in rows:
-        print(f"{name:<{width}}  {ours:>24}  {theirs}")
+    head = "torchft (this run)  dd_queue ÷ torchft" if peer else "torchft (anchor)"
+    print(f"{'measurement':<{width}}  {'dd_queue':>24}  {head}")
+    for name, ours, theirs, ratio in rows:
+        line = f"{name:<{width}}  {ours:>24}  {theirs:>18}"
+        print(f"{line}  {ratio}" if peer else f"{name:<{width}}  {ours:>24}  {theirs}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -967,6 +1062,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="keep every log and record here (default: a temp dir)")
     p.add_argument("--smoke", action="store_true", help="steady only, a tiny model, 60 steps")
+    p.add_argument(
+        "--peer",
+        choices=["torchft"],
+        help="also run torchft's side of every scenario (its own venv) and print both",
+    )
+    p.add_argument(
+        "--peer-venv",
+        default=str(ROOT / ".bench" / "torchft-0.2.0"),
+        help="the peer's venv (created when missing; default .bench/torchft-0.2.0)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     args = p.parse_args(argv)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -985,22 +1090,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         work.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        results = run_scenarios(args, work)
-        rows = summarize(results)
+        peer_py, peer_why = None, "not asked (--peer torchft)"
+        if args.peer == "torchft":
+            import peer_torchft as tf
+
+            peer_py, peer_why = tf.ensure_venv(Path(args.peer_venv))
+            print(f"torchft peer: {peer_why}", file=sys.stderr)
+        results, peer = run_scenarios(args, work, peer_py)
+        rows = summarize(results, peer if peer_py is not None else None)
         shape = (args.layers, args.width, args.batch, args.h, args.fragments)
-        if shape != (4, 192, 16, 20, 1):  # torchft was measured on the anchor's model only
-            rows = [(name, ours, "n/a (not the anchor's model)") for name, ours, _ in rows]
-        print_table(rows)
+        if peer_py is None and shape != (4, 192, 16, 20, 1):  # the anchor's model only
+            rows = [(name, ours, "n/a (not the anchor's model)", "") for name, ours, *_ in rows]
+        print_table(rows, peer_py is not None)
+        if args.peer and peer_py is None:
+            print(f"torchft side not run: {peer_why}")
         kept = work if args.work else "removed"
         print(f"({args.repeat} repetition(s), {time.time() - started:.0f} s; logs: {kept})")
         if args.json:
+            column = "torchft" if peer_py is not None else "torchft_anchor"
             summary = {
                 "bench": "resilience",
                 "date": time.strftime("%Y-%m-%d"),
                 "settings": {k: v for k, v in vars(args).items() if k != "json"},
                 "results": results,
+                "peer": {"name": args.peer, "status": peer_why, "results": peer},
                 "table": [
-                    {"measurement": a, "dd_queue": b, "torchft_anchor": c} for a, b, c in rows
+                    {"measurement": a, "dd_queue": b, column: c, "ratio": d or None}
+                    for a, b, c, d in rows
                 ],
                 "torchft_anchor": TORCHFT,
             }
