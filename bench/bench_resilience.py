@@ -4,6 +4,7 @@ processes' own records.
     python bench/bench_resilience.py                            # every scenario once, ~12 min
     python bench/bench_resilience.py --scenarios steady,kill-learner --repeat 3
     python bench/bench_resilience.py --smoke --json             # the CI smoke: steady, ~40 s
+    python bench/bench_resilience.py --scenarios steady,hetero,kill-learner --peer torchft
 
 Each scenario starts its own formation the way the Procfile does (``python -m dd_queue.services.*``
 with one config): a private redis-server with AOF on a free loopback port, the synchronizer
@@ -49,8 +50,15 @@ Scenarios (``--scenarios``, comma-separated):
 * ``redis``: kill -9 of redis-server and a restart on the same port from its AOF; the learners'
   longest gap and Redis back → next merged round.
 
-Not here yet (#18): the seeded chaos schedule and ``--peer torchft`` (torchft's figures are the
-anchor's, measured on this machine kind with its own harness; the table quotes them).
+``--peer torchft`` runs torchft's side of every scenario it has a part in (steady, hetero,
+kill-learner; it has no synchronizer and no broker) right after ours, in a venv the bench
+creates (``bench/peer_torchft.py``: ``torch==2.13.0``, ``torchft==0.2.0`` and this dd_queue, so
+its replicas train the same model, shard and ``InnerLoop``), and prints both systems side by side
+with ratios; torchft's steady rate is set against the same plain pair. Where the peer cannot be
+installed the bench says why and runs our side. Without it, the table quotes the torchft
+anchor's figures (``../shared/anchors/torchft/``, measured on this machine kind).
+
+Not here yet (#18): the seeded chaos schedule.
 ``--json`` prints one JSON object as the last line.
 """
 

@@ -38,7 +38,11 @@ def test_the_steady_smoke_runs_and_reports_from_the_records(tmp_path: Path) -> N
     assert {"synchronizer", "control", "evaluator", "redis"} <= set(steady["cpu_share"])
     # the rates come from the learners' own step logs: 60 steps each, one process each
     for lid in ("L0", "L1"):
-        lines = (tmp_path / "steady-0" / "run" / "steps" / f"{lid}.jsonl").read_text().splitlines()
+        lines = (
+            (tmp_path / "dd_queue" / "steady-0" / "run" / "steps" / f"{lid}.jsonl")
+            .read_text()
+            .splitlines()
+        )
         records = [json.loads(line) for line in lines]
         assert [r["step"] for r in records if r["ev"] == "step"] == list(range(1, 61))
         assert {r["pid"] for r in records} == {records[0]["pid"]}

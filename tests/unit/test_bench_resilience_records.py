@@ -89,3 +89,60 @@ def test_read_jsonl_skips_a_torn_last_line(tmp_path: Path) -> None:
     path.write_text('{"ev": "step", "pid": 1, "step": 1, "t": 0.0}\n{"ev": "st')
     assert [r["step"] for r in br.read_jsonl(path)] == [1]
     assert br.read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+# ── the torchft peer's reductions and the side-by-side table ──────────────────────────────
+def commit(t: float, at_step: int, ok: bool, np: int = 2) -> dict[str, Any]:
+    return {"ev": "commit", "pid": 1, "t": t, "step": at_step, "ok": ok, "np": np}
+
+
+def test_a_failed_commit_discards_the_steps_since_the_previous_sync() -> None:
+    import peer_torchft as tf
+
+    records = [commit(1.0, 20, True), commit(2.0, 40, True)]
+    assert tf.discarded_by_failed_commits(records) == 0
+    records += [commit(3.0, 60, False), commit(4.0, 80, True), commit(5.0, 100, False)]
+    assert tf.discarded_by_failed_commits(records) == 20 + 20
+    assert tf.discarded_by_failed_commits([commit(1.0, 13, False)]) == 13  # the first sync
+
+
+def test_commit_share_counts_ok_commits_with_enough_participants_in_the_window() -> None:
+    import peer_torchft as tf
+
+    commits = [
+        commit(1.0, 20, True, 2),
+        commit(2.0, 40, True, 1),
+        commit(3.0, 60, False, 2),  # failed: not a round
+        commit(4.0, 80, True, 2),
+        commit(9.0, 100, True, 1),  # outside
+    ]
+    assert tf.commit_share(commits, 0.5, 5.0, 2) == pytest.approx(2 / 3)
+    assert tf.commit_share(commits, 5.5, 6.0, 2) == 0.0
+
+
+def test_the_table_puts_the_peer_beside_us_with_ratios_and_na_where_it_has_no_part() -> None:
+    def steady(ours: float) -> dict[str, Any]:
+        return {
+            "plain_steps_per_s": {"L0": 3.0, "L1": 3.0},
+            "learner_steps_per_s": {"L0": ours, "L1": ours},
+            "cpu_share": {"synchronizer": 0.01},
+            "contributors_per_round": 2.0,
+        }
+
+    ours = {
+        "steady": [steady(2.9), steady(2.7), steady(2.8)],
+        "hetero-1.5": [{"fast_steps_per_s": 2.8, "fast_round_share": 1.0}],
+        "redis": [{"gap_over_median": 1.2, "back_to_next_merge_s": 7.0}],
+    }
+    theirs = {
+        "steady": [steady(3.0)],
+        "hetero-1.5": [{"fast_steps_per_s": 2.0, "fast_round_share": 1.0}],
+    }
+    rows = {r[0]: r[1:] for r in br.summarize(ours, theirs)}
+    assert rows["steady: learners, steps/s each"] == ("2.80 [2.70–2.90]", "3.00", "0.93")
+    # each system's fast learner over its own steady median
+    fast = rows["peer 1.5× slower: fast learner vs steady (≥ 0.98)"]
+    assert fast[:2] == ("1.000", "0.667") and fast[2] == "1.50"
+    assert rows["redis kill -9 + AOF restart: back → merge, s"] == ("7.00", "n/a", "")
+    anchor = {r[0]: r[2] for r in br.summarize(ours)}  # no peer: the anchor's figure
+    assert anchor["steady: learners, steps/s each"] == "2.89"
