@@ -14,14 +14,48 @@ Modules: ``learner`` (the ``Learner``: join / step / pump / leave), ``pump`` (th
 ``wiring``, ``build`` and ``service`` (the process), ``cli`` (``ddq learner``).
 """
 
-from dd_queue.learner.checkpoint import LocalCheckpoint
-from dd_queue.learner.dist import Group, GroupSync, SingleProcess, TorchGroup, group_from_env
-from dd_queue.learner.exchange import Inbox, Outbox, Received, RoundBook, Snapshot
-from dd_queue.learner.inner import InnerLoop, count_tokens, lr_factor
-from dd_queue.learner.join import Identity
-from dd_queue.learner.learner import Learner, StepReport
-from dd_queue.learner.params import FragmentParams
-from dd_queue.learner.pump import Pump, PumpReport, PumpSettings
+from typing import TYPE_CHECKING
+
+from dd_queue._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dd_queue.learner.checkpoint import LocalCheckpoint
+    from dd_queue.learner.dist import Group, GroupSync, SingleProcess, TorchGroup, group_from_env
+    from dd_queue.learner.exchange import Inbox, Outbox, Received, RoundBook, Snapshot
+    from dd_queue.learner.inner import InnerLoop, count_tokens, lr_factor
+    from dd_queue.learner.join import Identity
+    from dd_queue.learner.learner import Learner, StepReport
+    from dd_queue.learner.params import FragmentParams
+    from dd_queue.learner.pump import Pump, PumpReport, PumpSettings
+
+# Lazy: every ``ddq`` command registers ``dd_queue.learner.cli``, and most of them (a
+# synchronizer's start-up among them) must not pay for torch.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "LocalCheckpoint": "checkpoint",
+        "Group": "dist",
+        "GroupSync": "dist",
+        "SingleProcess": "dist",
+        "TorchGroup": "dist",
+        "group_from_env": "dist",
+        "Inbox": "exchange",
+        "Outbox": "exchange",
+        "Received": "exchange",
+        "RoundBook": "exchange",
+        "Snapshot": "exchange",
+        "InnerLoop": "inner",
+        "count_tokens": "inner",
+        "lr_factor": "inner",
+        "Identity": "join",
+        "Learner": "learner",
+        "StepReport": "learner",
+        "FragmentParams": "params",
+        "Pump": "pump",
+        "PumpReport": "pump",
+        "PumpSettings": "pump",
+    },
+)
 
 __all__ = [
     "FragmentParams",

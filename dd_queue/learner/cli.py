@@ -10,10 +10,11 @@ import os
 from typing import Any
 
 from dd_queue.config import load_config
-from dd_queue.learner.service import run
 
 
 def _cmd_learner(args: argparse.Namespace) -> int:
+    from dd_queue.learner.service import run  # torch: only when a learner runs
+
     cfg = load_config(args.config, os.environ)
     return run(cfg, args.learner_id, environ=os.environ)
 

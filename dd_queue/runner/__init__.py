@@ -10,14 +10,34 @@ global model on the held-out split), ``ledger`` (goodput), ``result`` (what a ru
 ``experiment`` (variants on one seed), ``plots`` and ``cli`` (``ddq experiment``).
 """
 
-from dd_queue.runner.evaluate import EvalPoint, GlobalEvaluator
-from dd_queue.runner.runner import Runner
-from dd_queue.runner.spec import (
-    ExperimentSpec,
-    FailureSpec,
-    RunnerSpec,
-    VariantSpec,
-    load_experiment,
+from typing import TYPE_CHECKING
+
+from dd_queue._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dd_queue.runner.evaluate import EvalPoint, GlobalEvaluator
+    from dd_queue.runner.runner import Runner
+    from dd_queue.runner.spec import (
+        ExperimentSpec,
+        FailureSpec,
+        RunnerSpec,
+        VariantSpec,
+        load_experiment,
+    )
+
+# Lazy: ``ddq``'s parser registers ``dd_queue.runner.cli`` for every command.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "EvalPoint": "evaluate",
+        "GlobalEvaluator": "evaluate",
+        "Runner": "runner",
+        "ExperimentSpec": "spec",
+        "FailureSpec": "spec",
+        "RunnerSpec": "spec",
+        "VariantSpec": "spec",
+        "load_experiment": "spec",
+    },
 )
 
 __all__ = [

@@ -17,14 +17,10 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from dd_queue.runner.experiment import markdown_table, run_experiment
-from dd_queue.runner.plots import plot_experiment
-from dd_queue.runner.result import RunResult
-from dd_queue.runner.spec import load_experiment
+if TYPE_CHECKING:
+    from dd_queue.runner.result import RunResult
 
 __all__ = ["register"]
 
@@ -47,6 +43,12 @@ def register(subparsers: Any) -> None:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
+    import torch  # only when an experiment runs: the ``ddq`` parser stays torch-free
+
+    from dd_queue.runner.experiment import markdown_table, run_experiment
+    from dd_queue.runner.plots import plot_experiment
+    from dd_queue.runner.spec import load_experiment
+
     spec = load_experiment(args.config)
     torch.set_num_threads(max(1, args.threads))
     logging.basicConfig(level=logging.WARNING)

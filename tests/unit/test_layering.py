@@ -124,6 +124,21 @@ def test_importing_the_config_or_the_control_plane_does_not_load_torch(module: s
     assert done.stdout.strip() == "[]", f"import {module} loads torch: {done.stdout.strip()}"
 
 
+def test_ddq_s_parser_with_every_command_registered_does_not_load_torch() -> None:
+    """Every ``ddq`` start builds the whole parser (each ``COMMAND_MODULES`` entry registers its
+    subcommand): none may import torch for that, or ``ddq version`` and a restarted
+    synchronizer pay its ~2 s (a synchronizer loads it later, only to plan its fragments)."""
+    code = (
+        "import sys, dd_queue.cli as c; p = c._build_parser(); "
+        "p.parse_args(['synchronizer', '--config', 'demo']); "
+        "print([m for m in sys.modules if m.split('.')[0] == 'torch'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", f"ddq's parser loads torch: {done.stdout.strip()[:300]}"
+
+
 @pytest.mark.parametrize("name", ["learner", "synchronizer", "control_plane"])
 def test_the_checkout_services_forward_to_the_packaged_entry_points(name: str) -> None:
     """``python -m services.<name>`` (a checkout) runs ``dd_queue.services.<name>`` (the wheel)."""
