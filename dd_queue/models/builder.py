@@ -7,14 +7,18 @@ runner) builds its model here, from the run's ``Architecture`` (``arch.py``).
 
 ``seed`` initialises the parameters (same seed and device → the same values); torch's global
 random state is left as it was. On ``device="meta"`` nothing is allocated or initialised: the
-synchronizer plans fragments from such a model.
+synchronizer plans fragments from such a model. (The modules' own init still calls
+``normal_``, ``uniform_``, ... there; on meta tensors torch runs those through its Python
+references, whose first use imports ``torch._dynamo``: 1-1.5 s of a restarted synchronizer's
+start on two busy cores. ``_NoMetaValues`` skips them: a meta tensor has no values to write.)
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,7 +37,8 @@ def build(
             missing or refusing the config, a factory that fails).
     """
     target = torch.device(device) if device is not None else torch.get_default_device()
-    with _seeded(seed, target):
+    skip = _NoMetaValues() if target.type == "meta" else nullcontext()
+    with _seeded(seed, target), skip:
         model: nn.Module
         if arch.spec is not None:  # (its modules' default init draws from the global RNG)
             from dd_queue.models.registry import build_model
@@ -87,6 +92,38 @@ def embedding_names(model: nn.Module) -> frozenset[str]:
     named once)."""
     weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     return frozenset(name for name, p in synced_parameters(model).items() if id(p) in weights)
+
+
+_VALUE_WRITES = frozenset(
+    {
+        # torch.nn.init
+        *("normal_", "uniform_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_"),
+        *("dirac_", "orthogonal_", "sparse_", "xavier_uniform_", "xavier_normal_"),
+        *("kaiming_uniform_", "kaiming_normal_"),
+        # the Tensor methods they (and modules' reset_parameters) use
+        *("zero_", "fill_", "copy_", "add_", "sub_", "mul_", "div_", "clamp_", "erfinv_"),
+        *("exponential_", "bernoulli_", "random_", "fill_diagonal_"),
+    }
+)
+"""In-place writes of values only (never of a shape, a stride or a dtype)."""
+
+
+class _NoMetaValues(torch.overrides.TorchFunctionMode):
+    """Skip value writes to meta tensors (module doc); every other call runs as it is."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        first = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by name
+        name = getattr(func, "__name__", "")
+        if name in _VALUE_WRITES and isinstance(first, torch.Tensor) and first.is_meta:
+            return first
+        return func(*args, **kwargs)
 
 
 @contextmanager

@@ -13,6 +13,8 @@ import dataclasses
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +266,36 @@ def test_seeded_build_does_not_depend_on_torchs_global_rng(source, hf_arch):
     b = _params(build(arch, seed=5, device="cpu"))
     assert list(a) == list(b)
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("source", ["hf", "module", "preset"])
+def test_a_meta_build_has_the_cpu_builds_names_shapes_and_dtypes(source, hf_arch):
+    """Value writes are skipped on meta (``_NoMetaValues``); nothing a plan reads may change."""
+    arch = _arch_of(source, hf_arch)
+    meta, cpu = build(arch, seed=0, device="meta"), build(arch, seed=0, device="cpu")
+
+    def layout(m: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype, bool]]:
+        return {n: (tuple(p.shape), p.dtype, p.requires_grad) for n, p in m.named_parameters()}
+
+    assert layout(meta) == layout(cpu)
+    assert all(p.is_meta for p in meta.parameters())
+    assert embedding_names(meta) == embedding_names(cpu)
+
+
+def test_planning_on_meta_does_not_import_torch_dynamo():
+    """The synchronizer plans from a meta build at every (re)start; on meta tensors the modules'
+    init ran through torch's Python references, which import ``torch._dynamo`` (~1 s)."""
+    code = (
+        "import sys; from dd_queue.config import load_config; "
+        "from dd_queue.synchronizer.source import ConfigModelSource, plan_of; "
+        "cfg = load_config('demo', {}); "
+        "plan_of(ConfigModelSource(cfg.model, 0), cfg.synchronizer); "
+        "print('torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "False"
 
 
 def test_hf_meta_build_has_the_cpu_names_and_shapes_and_no_storage(hf_arch, hf_model):
