@@ -14,6 +14,12 @@ The pace never catches up: if the synchronizer falls behind (it was busy, or dow
 round opens once, now, and the one after it a full interval later. A burst of rounds would
 only ask learners for contributions they have no new steps for.
 
+**After a takeover** (a restart, a standby taking over, fragments rebuilt after Redis came
+back) the next round opens at once when at least half an interval has passed since the last
+opening: the learners have trained H/2 steps or more that nothing merges, and the rest of the
+interval, spent waiting, is what a synchronizer's death would otherwise cost them. Earlier
+than that the pace holds (a round would carry too few steps to be worth its traffic).
+
 **Learner-paced.** As in Streaming DiLoCo (Douillard et al., arXiv 2501.18512), each learner
 sends fragment ``p`` when its local inner-step count satisfies ``step mod H == offset_p``, with
 the ``P`` offsets spread evenly over ``[0, H)`` so that bandwidth is smooth.
@@ -134,6 +140,7 @@ def next_round(
     step_time_s: float,
     sync_every_steps: int,
     n_fragments: int,
+    takeover: bool = False,
 ) -> RoundOpening:
     """Decide whether the synchronizer opens its next round now (synchronizer-paced mode).
 
@@ -146,6 +153,8 @@ def next_round(
         step_time_s: Estimated learner inner-step time ξ_step, seconds, > 0.
         sync_every_steps: H, inner steps between two merges of one fragment, ≥ 1.
         n_fragments: P, number of fragments, ≥ 1.
+        takeover: This is the caller's first opening since it took the run's fragments over
+            from a predecessor (module doc): open once half an interval has passed.
 
     Returns:
         A ``RoundOpening``; the first round (id 0, fragment 0) opens at once.
@@ -176,6 +185,14 @@ def next_round(
         late_s = now - due_at
         behind = f", {fmt_s(late_s)} s behind pace" if late_s >= interval else ""
         reason = f"round {round_id} (fragment {fragment_id}) due: {pace}{behind}"
+        return RoundOpening(True, round_id, fragment_id, due_at, interval, reason)
+    since_s = now - last_opened_at_s
+    if takeover and since_s >= interval / 2:
+        reason = (
+            f"round {round_id} (fragment {fragment_id}) opens at once after a takeover: the last "
+            f"opening was {fmt_s(since_s)} s ago (≥ half the interval), on pace it was due in "
+            f"{fmt_s(due_at - now)} s: {pace}"
+        )
         return RoundOpening(True, round_id, fragment_id, due_at, interval, reason)
     reason = f"round {round_id} (fragment {fragment_id}) due in {fmt_s(due_at - now)} s: {pace}"
     return RoundOpening(False, round_id, fragment_id, due_at, interval, reason)

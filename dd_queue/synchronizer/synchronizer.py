@@ -136,6 +136,7 @@ class Synchronizer:
         self._learners = Learners(self.ctx)
         self._commands: Commands | None = None
         self._pace: tuple[int, float] | None = None  # (last round id, when it was opened)
+        self._took_over = False  # fragments taken from a predecessor; no round opened since
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
         self._unreadable: dict[int, float] = {}  # fragment → when to try loading it again
@@ -339,6 +340,7 @@ class Synchronizer:
             state = check_state(
                 ctx, state, plan_digest=plan.digest, allow_config_change=self._allow_config_change
             )
+            self._took_over = True
         entries = recovery.pending_entries(ctx, p) + recovery.reclaim_entries(ctx, p)
         latest = recovery.latest_round(ctx)
         round_state, announced = recovery.rebuild_round(ctx, state, entries, latest=latest, now=now)
@@ -382,7 +384,17 @@ class Synchronizer:
             step_time_s=self._learners.step_time_s,
             sync_every_steps=self.ctx.sync.sync_every_steps,
             n_fragments=self.ctx.sync.n_fragments,
+            takeover=self._early_round_allowed(),
         )
+
+    def _early_round_allowed(self) -> bool:
+        """A takeover's early round (``core.schedule``): only alone (every fragment ours; a peer
+        synchronizer keeps the pace otherwise, and an early round would shift our fragments
+        against its own for good) and with no round still open (the predecessor's closes
+        first; its merge is the one the learners wait for)."""
+        fragments = self.fragments.values()
+        alone = len(self.fragments) == self.ctx.sync.n_fragments
+        return self._took_over and alone and not any(rt.announced for rt in fragments)
 
     def _open_due(self, now: float) -> None:
         if self.ctx.sync.schedule != "synchronizer":
@@ -390,7 +402,7 @@ class Synchronizer:
         opening = self._next_opening(now)
         if not opening.open_now:
             return
-        self._pace = (opening.round_id, now)
+        self._pace, self._took_over = (opening.round_id, now), False
         rt = self.fragments.get(opening.fragment_id)
         if rt is None:
             return  # another synchronizer's fragment: its owner opens it

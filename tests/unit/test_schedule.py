@@ -76,6 +76,35 @@ def test_next_round_paces_and_explains(now: float, open_now: bool, reason: str) 
     assert opening.reason == reason
 
 
+@pytest.mark.parametrize(
+    ("now", "takeover", "open_now"),
+    [(10.4, True, False), (10.5, True, True), (10.9, True, True), (10.9, False, False)],
+    ids=["takeover-too-soon", "takeover-half-interval", "takeover-later", "no-takeover"],
+)
+def test_after_a_takeover_the_next_round_opens_once_half_an_interval_passed(
+    now: float, takeover: bool, open_now: bool
+) -> None:
+    opening = next_round(
+        now,
+        last_opened_at_s=10.0,
+        last_round_id=5,
+        step_time_s=1.0,
+        sync_every_steps=4,
+        n_fragments=4,
+        takeover=takeover,
+    )
+    assert opening.open_now is open_now
+    assert (opening.round_id, opening.due_at_s, opening.interval_s) == (6, 11.0, 1.0)
+    if open_now:
+        since, left = f"{now - 10.0:.1f}", f"{11.0 - now:.1f}"
+        assert opening.reason == (
+            f"round 6 (fragment 2) opens at once after a takeover: the last opening was {since} s "
+            f"ago (≥ half the interval), on pace it was due in {left} s: {PACE}"
+        )
+    else:
+        assert "due in" in opening.reason and "takeover" not in opening.reason
+
+
 @pytest.mark.parametrize(("opened_at", "round_id"), [(1.0, None), (None, 3)])
 def test_next_round_needs_both_or_neither_previous_fields(
     opened_at: float | None, round_id: int | None

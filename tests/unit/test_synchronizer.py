@@ -145,6 +145,60 @@ def test_a_restarted_synchronizer_keeps_the_runs_round_pace(bus, clock, restart_
     assert _newest_opening(bus, cfg).opened_at_s == pytest.approx(due, abs=0.02)
 
 
+def _merge_one_round(bus, clock, cfg) -> int:
+    """A synchronizer merges one round of fragment 0 (L0's contribution) and dies; its id."""
+    first = new_sync(bus, clock, cfg)
+    beat(bus, cfg, "L0", step_time_s=1.0)  # the pace: one round per 1 s (H/P = 2/2)
+    r = open_round(first, clock, 0)
+    delta = np.full(size_of(cfg, 0), 0.01, np.float32)
+    contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=0, delta=delta)
+    first.pump()
+    assert first.versions()[0] == 1
+    return r
+
+
+@pytest.mark.parametrize(("restart_after", "early"), [(0.3, False), (0.6, True)])
+def test_a_synchronizer_that_took_over_opens_early_once_half_an_interval_passed(
+    bus, clock, restart_after, early
+):
+    """After a takeover the next round opens at once when ≥ half an interval has passed since
+    the last opening (the learners' steps since then wait for no merge otherwise), and says
+    so; earlier than that it waits for that half. Only the first round: then the pace holds."""
+    cfg = make_config(initial_step_time_s=1.0)
+    r = _merge_one_round(bus, clock, cfg)
+    last = _newest_opening(bus, cfg)
+    clock.advance(last.opened_at_s + restart_after - clock.now())
+    restarted = new_sync(bus, clock, cfg)  # the same id: a restart
+    restarted.pump()
+    newest = _newest_opening(bus, cfg)
+    if not early:
+        assert newest.round_id == r
+        while _newest_opening(bus, cfg).round_id == r:
+            clock.advance(0.01)
+            restarted.pump()
+        newest = _newest_opening(bus, cfg)  # at half the interval, not at the full one
+        assert newest.opened_at_s == pytest.approx(last.opened_at_s + 0.5, abs=0.02)
+        assert "opens at once after a takeover" in newest.reason
+        return
+    assert newest.round_id == r + 1
+    assert newest.opened_at_s == pytest.approx(clock.now())
+    assert newest.reason.startswith(f"round {r + 1} (fragment 1) opens at once after a takeover")
+    clock.advance(0.6)  # past the half interval again: the pace is the run's now
+    restarted.pump()
+    assert _newest_opening(bus, cfg).round_id == r + 1
+
+
+def test_a_synchronizer_sharing_the_run_with_a_peer_keeps_the_pace_after_a_takeover(bus, clock):
+    cfg = make_config(initial_step_time_s=1.0)
+    r = _merge_one_round(bus, clock, cfg)
+    last = _newest_opening(bus, cfg)
+    clock.advance(last.opened_at_s + 0.6 - clock.now())
+    restarted = new_sync(bus, clock, make_config(initial_step_time_s=1.0, max_fragments=1))
+    assert restarted.owned == {0}  # the other fragment is a peer's to take
+    restarted.pump()
+    assert _newest_opening(bus, cfg).round_id == r
+
+
 def test_restart_continues_exactly_where_the_commit_left(bus, clock):
     cfg = make_config(outer_momentum=0.9, outer_lr=0.7)
     sync = new_sync(bus, clock, cfg)
