@@ -177,6 +177,20 @@ def plan_fragments(
     return FragmentPlan(fragments=fragments, digest=_digest(fragments))
 
 
+def plan_of_fragments(fragments: Sequence[Fragment]) -> FragmentPlan:
+    """The plan these fragments (indexed 0..P−1, as a run's committed states hold them) make,
+    with its digest: equal to the digest ``plan_fragments`` gave them.
+
+    Raises:
+        CoreError: No fragments, or they are not indexed 0..P−1 in order.
+    """
+    if not fragments or [f.index for f in fragments] != list(range(len(fragments))):
+        raise CoreError(
+            f"fragments must be indexed 0..P-1 in order, got {[f.index for f in fragments]}"
+        )
+    return FragmentPlan(fragments=tuple(fragments), digest=_digest(tuple(fragments)))
+
+
 def flatten_fragment(
     fragment: Fragment,
     arrays: Mapping[str, npt.ArrayLike],
@@ -312,6 +326,7 @@ __all__ = [
     "Segment",
     "flatten_fragment",
     "plan_fragments",
+    "plan_of_fragments",
     "shapes_from_named",
     "unflatten_fragment",
     "unflatten_into",

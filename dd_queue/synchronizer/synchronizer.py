@@ -163,7 +163,17 @@ class Synchronizer:
             return
         self.contributions.start()  # warm before any read: a takeover must not wait for start-up
         ctx, now = self.ctx, self.ctx.clock.now()
-        self._plan = plan_of(self._source, ctx.sync)
+        # The config's model is covered by the run digest the states are checked against; any
+        # other source (arrays, a file) is not, and costs no model build to plan: planned.
+        plan, why = None, "the model comes from arrays, not from the config"
+        if isinstance(self._source, ConfigModelSource):
+            plan, why = recovery.committed_plan(ctx)
+        if plan is None:
+            log.info("synchronizer.plan from the model config: %s", why)
+            plan = plan_of(self._source, ctx.sync)
+        else:
+            log.info("synchronizer.plan %s; no model built", why)
+        self._plan = plan
         # Keep the run's pace: the next round is due one interval after the newest opening
         # (a predecessor's, when this is a restart or a takeover), at once when overdue.
         latest = recovery.latest_opening(ctx)

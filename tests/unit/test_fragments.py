@@ -16,6 +16,7 @@ from dd_queue.core.fragments import (
     FragmentPlan,
     flatten_fragment,
     plan_fragments,
+    plan_of_fragments,
     shapes_from_named,
     unflatten_fragment,
     unflatten_into,
@@ -270,3 +271,21 @@ def test_isolation_with_only_embedding_tensors_is_the_plain_plan() -> None:
 def test_digest_of_non_ascii_names_is_a_stable_golden_value() -> None:
     plan = plan_fragments({"Θ.weight": (2, 3), "wte": (4,)}, 2)
     assert plan.digest == "da793c5b6047a4987c7c6313716bc0a93c2dd2d4fa2571f8891a6ed67f38734e"
+
+
+@given(models())
+def test_the_plan_of_a_plans_own_fragments_is_that_plan(model) -> None:
+    """What a restarted synchronizer rebuilds from the committed states is the planned plan."""
+    shapes, n = model
+    plan = plan_fragments(shapes, n)
+    assert plan_of_fragments(plan.fragments) == plan
+
+
+def test_the_plan_of_fragments_needs_them_indexed_in_order() -> None:
+    plan = plan_fragments({"a": (4,), "b": (3,), "c": (2,)}, 3)
+    with pytest.raises(CoreError, match=r"indexed 0\.\.P-1 in order"):
+        plan_of_fragments(plan.fragments[::-1])
+    with pytest.raises(CoreError, match=r"indexed 0\.\.P-1 in order"):
+        plan_of_fragments(())
+    fewer = plan_of_fragments(plan.fragments[:2])  # a different plan: a different digest
+    assert fewer.digest != plan.digest

@@ -21,6 +21,7 @@ from dd_queue.faults import FaultInjector
 from dd_queue.fragment_state import fragment_of
 from dd_queue.messages import Event, FaultCommand, MessageLimits, RoundOpen
 from dd_queue.synchronizer import ArraySource, FragmentState, Synchronizer, plan_of
+from dd_queue.synchronizer.source import ConfigModelSource
 from tests.synchronizer_support import (
     beat,
     contribute,
@@ -234,6 +235,63 @@ def test_other_model_plan_is_refused(bus, clock):
     other = ArraySource({"embed.weight": np.zeros((16, 8)), "w": np.zeros((40,))})
     with pytest.raises(ConfigError, match="planned for another model"):
         new_sync(bus, clock, make_config(), sid="sync-1", source=other)
+
+
+class _CountingSource(ConfigModelSource):
+    """The config's model, counting how often it is built to plan."""
+
+    builds = 0
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        type(self).builds += 1
+        return ConfigModelSource.shapes(self)
+
+
+def _config_model_sync(bus, clock, cfg, sid: str = "sync-0") -> Synchronizer:
+    return new_sync(bus, clock, cfg, sid=sid, source=_CountingSource(cfg.model, cfg.run.seed))
+
+
+@pytest.fixture
+def counting():
+    _CountingSource.builds = 0
+    return _CountingSource
+
+
+def test_a_restart_plans_from_the_committed_states_without_building_the_model(bus, clock, counting):
+    cfg = make_config(model__preset="gpt-tiny")
+    first = _config_model_sync(bus, clock, cfg)
+    assert counting.builds == 1  # the run is created: the model is built
+    plan = first._plan
+    first.close()
+    again = _config_model_sync(bus, clock, cfg)  # a restart, and a standby alike
+    standby = _config_model_sync(bus, clock, cfg, sid="sync-1")
+    assert counting.builds == 1
+    assert again._plan == plan and standby._plan == plan
+    assert again.owned == {0, 1}
+
+
+def test_a_changed_config_or_a_missing_state_builds_the_model_to_check(bus, clock, counting):
+    cfg = make_config(model__preset="gpt-tiny")
+    _config_model_sync(bus, clock, cfg).close()
+    changed = make_config(model__preset="gpt-tiny", sync_every_steps=4)  # another run digest
+    with pytest.raises(ConfigError):
+        _config_model_sync(bus, clock, changed)
+    assert counting.builds == 2
+    bus.delete([bus.keys.state(1)])  # a run whose creation stopped half-way
+    again = _config_model_sync(bus, clock, cfg)
+    assert counting.builds == 3 and again.owned == {0, 1}
+
+
+def test_a_committed_plan_whose_layouts_do_not_make_its_digest_is_not_used(bus, clock, counting):
+    cfg = make_config(model__preset="gpt-tiny")
+    first = _config_model_sync(bus, clock, cfg)
+    plan = first._plan
+    first.close()
+    state = state_of(bus, cfg, 0)
+    forged = dataclasses.replace(state, segments=state.segments[:-1])  # a tensor less
+    bus.set(bus.keys.state(0), forged.to_bytes())
+    again = _config_model_sync(bus, clock, cfg)  # planned from the model instead
+    assert counting.builds == 2 and again._plan == plan
 
 
 # ── the algorithm's special cases ──────────────────────────────────────────────────────────
