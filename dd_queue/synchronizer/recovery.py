@@ -39,6 +39,7 @@ from dd_queue.fragment_state import FragmentState, fragment_of
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import Contribution, RoundOpen
 from dd_queue.synchronizer.context import Context
+from dd_queue.synchronizer.runtime import read_state
 
 __all__ = [
     "committed_plan",
@@ -64,13 +65,12 @@ def committed_plan(ctx: Context) -> tuple[FragmentPlan | None, str]:
     """
     states: list[FragmentState] = []
     for p in range(ctx.sync.n_fragments):
-        raw = ctx.bus.get(ctx.bus.keys.state(p))
-        if raw is None:
-            return None, f"fragment {p} has no committed state yet"
         try:
-            state = FragmentState.from_bytes(raw, run_id=ctx.run_id, limits=ctx.limits)
+            state = read_state(ctx, p)
         except ProtocolError as exc:
             return None, f"fragment {p}'s state is unreadable ({exc})"
+        if state is None:
+            return None, f"fragment {p} has no committed state yet"
         if state.config_digest != ctx.digest:
             return None, f"fragment {p} was committed under config digest {state.config_digest}"
         states.append(state)
