@@ -9,8 +9,12 @@ M × N × 4 B of float32, divided by the wall time of ``merge_fragment`` (token 
 contributions) plus ``nesterov_step`` on the N-element fragment. The baseline is ``np.copyto`` of
 the same bytes (each of the M contribution buffers copied into one N-element buffer), measured in
 the same run. Each timing is the best of ``--repeats`` runs after one warm-up, merge and copy
-timed alternately. Targets: the weighted mean reaches ≥ 25% of the copy rate, RDA (which reads
-every contribution twice: norms, then the sum) ≥ 10%.
+timed alternately. The merge and the outer step share their pieces between ``--threads``
+threads as the synchronizer does (``synchronizer.merge_threads``, default 2; the copy is one
+``np.copyto`` per buffer, on one thread). Targets: the weighted mean reaches ≥ 25% of the copy
+rate, RDA (which reads every contribution twice: norms, then the sum) ≥ 10%.
+
+    python bench/bench_merge.py --quick --threads 1   # the merge on one thread
 
 Below ~1M elements the targets stop being meaningful: the copy baseline runs from cache, and the
 merge's fixed cost (~0.1 ms: validation, layout, weights) and the N-element outer step, which do
@@ -36,10 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from dd_queue.config import SynchronizerConfig
 from dd_queue.core.codec import CodecSpec, DecodeLimits, decode, decode_delta, encode
 from dd_queue.core.fragments import Fragment, plan_fragments
 from dd_queue.core.merge import ContributionData, merge_fragment, segment_sq_norms
 from dd_queue.core.outer import NesterovState, nesterov_step
+from dd_queue.core.workers import Workers
+from dd_queue.synchronizer.workers import shared_workers
 
 TARGETS = {"mean": 0.25, "rda": 0.10}
 LEARNER_COUNTS = (2, 8, 32)
@@ -86,7 +93,9 @@ def _best_pair_s(
     return best_a, best_b
 
 
-def _row(rule: str, vectors: list[np.ndarray], fragment: Fragment, repeats: int) -> dict[str, Any]:
+def _row(
+    rule: str, vectors: list[np.ndarray], fragment: Fragment, repeats: int, workers: Workers | None
+) -> dict[str, Any]:
     n, m = fragment.size, len(vectors)
     contribs = [
         ContributionData(f"L{i}", v, tokens=4096 + 64 * i, steps=8, base_version=0)
@@ -98,8 +107,14 @@ def _row(rule: str, vectors: list[np.ndarray], fragment: Fragment, repeats: int)
     sink = np.empty(n, dtype=np.float32)
 
     def merge_and_step() -> None:
-        result = merge_fragment(contribs, fragment, rule=rule, out=delta)  # type: ignore[arg-type]
-        nesterov_step(params, result.delta, state, lr=0.7, momentum=0.9)
+        result = merge_fragment(
+            contribs,
+            fragment,
+            rule=rule,  # type: ignore[arg-type]
+            out=delta,
+            workers=workers,
+        )
+        nesterov_step(params, result.delta, state, lr=0.7, momentum=0.9, workers=workers)
 
     def copy_baseline() -> None:
         for v in vectors:
@@ -122,7 +137,9 @@ def _row(rule: str, vectors: list[np.ndarray], fragment: Fragment, repeats: int)
     }
 
 
-def _codes_rows(n: int, learners: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+def _codes_rows(
+    n: int, learners: tuple[int, ...], repeats: int, workers: Workers | None
+) -> list[dict[str, Any]]:
     """int8 contributions: codes (``decode_delta``) against decoded float32, step by step."""
     fragment, limits = _fragment(n), DecodeLimits()
     vectors = _contributions(n, max(learners))  # distinct, as a round's contributions are
@@ -170,8 +187,8 @@ def _codes_rows(n: int, learners: tuple[int, ...], repeats: int) -> list[dict[st
                 ContributionData(f"L{i}", deltas[i], 4096 + 64 * i, 8, 0, norms[i])
                 for i in range(m)
             ]
-            result = merge_fragment(contribs, fragment, rule="rda", out=out)
-            nesterov_step(params, result.delta, state, lr=0.7, momentum=0.9)
+            result = merge_fragment(contribs, fragment, rule="rda", out=out, workers=workers)
+            nesterov_step(params, result.delta, state, lr=0.7, momentum=0.9, workers=workers)
 
         row(
             "rda merge + outer step",
@@ -214,7 +231,18 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only the 1M-element fragment")
     parser.add_argument("--json", action="store_true", help="end with one JSON object line")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (best kept)")
+    default_threads = SynchronizerConfig.model_fields["merge_threads"].default
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=default_threads,
+        help=f"threads sharing the merge and outer step (default {default_threads}, as the "
+        "synchronizer's merge_threads)",
+    )
     args = parser.parse_args()
+    if args.threads < 1:
+        parser.error(f"--threads must be ≥ 1, got {args.threads}")
+    workers = shared_workers(args.threads)
     sizes = (1 << 20,) if args.quick else (1 << 20, 1 << 24)
     rows = []
     for n in sizes:
@@ -222,12 +250,13 @@ def main() -> int:
         fragment = _fragment(n)
         for m in LEARNER_COUNTS:
             for rule in ("mean", "rda"):
-                rows.append(_row(rule, vectors[:m], fragment, args.repeats))
+                rows.append(_row(rule, vectors[:m], fragment, args.repeats, workers))
         del vectors
+    print(f"merge + outer step on {args.threads} thread(s); the copy on one\n")
     print(_table(rows))
     all_pass = all(r["passed"] for r in rows)
     print(f"\n{'all rows PASS' if all_pass else 'some rows FAIL'}\n")
-    codes = _codes_rows(1 << 20, (2, 16), args.repeats)
+    codes = _codes_rows(1 << 20, (2, 16), args.repeats, workers)
     print(_codes_table(codes))
     if args.json:
         summary = {
@@ -235,6 +264,7 @@ def main() -> int:
             "definition": "GB/s = bytes of all M fp32 contributions / (merge + outer step) time",
             "numpy": np.__version__,
             "machine": platform.machine(),
+            "threads": args.threads,
             "rows": rows,
             "all_pass": all_pass,
             "int8_codes_rows": codes,

@@ -616,6 +616,13 @@ class SynchronizerConfig(_Section):
         description="Child processes that fetch and decode contributions (Linux, Redis; 0 = a "
         "thread of the synchronizer's own process).",
     )
+    merge_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Threads that share the merge and outer step (numpy releases the GIL); "
+        "the results are the same bits for any count.",
+    )
     max_takes: int = Field(
         3,
         ge=1,

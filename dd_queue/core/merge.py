@@ -20,24 +20,25 @@ outer gradient (pseudo-gradient, DiLoCo arXiv 2311.08105) of fragment p, a flat 
 Speed: no Python loop touches single elements. The flat vector is cut into pieces of at most
 ``CHUNK_ELEMENTS`` inside one segment; for each piece every contribution is scaled into a small
 scratch buffer and added to ``out`` while both stay in cache. Squared norms are fp32 dots per piece
-summed in fp64. Contributions with zero weight are never read (so they are not checked for NaN).
-RDA needs every contribution's per-segment norms before it can scale anything, so a merge reads
-each Δ_m twice, the first time only for its norms; a caller that has Δ_m in cache earlier (the
+summed in fp64, in piece order. The pieces of that weighted sum may be shared between threads
+(``workers``, ``core.workers``: numpy releases the GIL in each piece), with the same bits.
+Contributions with zero weight are never read (so they are not checked for NaN). RDA needs
+every contribution's per-segment norms before it can scale anything, so a merge reads each Δ_m
+twice, the first time only for its norms; a caller that has Δ_m in cache earlier (the
 synchronizer, right after decoding it) computes them then with :func:`segment_sq_norms` and
 passes them as ``ContributionData.sq_norms``: the same function on the same pieces, so the merge
 is bit-identical either way, and reads each Δ_m once.
 
 A Δ_m may also be a ``Blockwise`` (int8 or int4 codes and block scales, ``core.blockwise``):
 its norms come from exact integer sums (``Blockwise.sq_sum``), and the contributions of one
-block size are summed segment by segment by a ``CodesSum`` (block scales folded into a batched
-matmul) before the float32 ones are added piece by piece. Such a merge reads 1 B/element
+block size are summed piece by piece by a ``CodesSum`` (block scales folded into a batched
+matmul) before the float32 ones are added to the piece. Such a merge reads 1 B/element
 instead of 4, is deterministic, and equals the merge of the decoded vectors to float32
 rounding (~1e-7 relative), not bit for bit.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from dd_queue.core.blockwise import (
     values,
 )
 from dd_queue.core.fragments import Fragment, Segment
+from dd_queue.core.workers import Workers, split_map
 from dd_queue.errors import CoreError
 
 CHUNK_ELEMENTS = 1 << 16  # 256 KiB of fp32: a piece, its scratch and ``out`` stay in L2
@@ -163,6 +165,7 @@ def merge_fragment(
     weighting: Literal["tokens", "uniform"] = "tokens",
     out: F32 | None = None,
     min_direction_norm: float = MIN_DIRECTION_NORM,
+    workers: Workers | None = None,
 ) -> MergeResult:
     """Merge one round's contributions to ``fragment`` (synchronizer step 3, arXiv 2604.21428).
 
@@ -173,6 +176,8 @@ def merge_fragment(
         weighting: ``"tokens"`` (w_m = tokens²/steps) or ``"uniform"``.
         out: Preallocated float32 output of the fragment's size (must not overlap an input).
         min_direction_norm: RDA degeneracy threshold (module doc).
+        workers: Threads to share the weighted sums with (``core.workers``); the same bits
+            with any.
 
     Returns:
         The merge result; ``kind == "no_update"`` when every weight is zero.
@@ -197,6 +202,7 @@ def merge_fragment(
         out=out,
         min_direction_norm=min_direction_norm,
         sq_norms=[c.sq_norms for c in contribs],
+        workers=workers,
     )
 
 
@@ -210,12 +216,14 @@ def merge_weighted(
     out: F32 | None = None,
     min_direction_norm: float = MIN_DIRECTION_NORM,
     sq_norms: Sequence[F64 | None] | None = None,
+    workers: Workers | None = None,
 ) -> MergeResult:
     """Merge flat vectors with explicit weights w_m ≥ 0 (only their ratios matter).
 
     Same as :func:`merge_fragment` after the weights are chosen; ``learner_ids`` default to
     ``"0", "1", ...``; ``sq_norms`` (one per vector, each None or ``segment_sq_norms`` of it)
-    spare the RDA merge its first pass over those vectors.
+    spare the RDA merge its first pass over those vectors; ``workers`` as in
+    :func:`merge_fragment`.
 
     Raises:
         CoreError: Bad weights, wrong shape/dtype, overlapping ``out``, a
@@ -234,9 +242,8 @@ def merge_weighted(
         return MergeResult("no_update", dst, ids, (0.0,) * len(ids), rule, (), 0.0, why)
     a = w / total
     with np.errstate(over="ignore", invalid="ignore"):
-        fallback, sq = _merge(
-            vectors, a, _Layout.of(fragment.segments, rule), dst, min_direction_norm, known
-        )
+        layout = _Layout.of(fragment.segments, rule)
+        fallback, sq = _merge(vectors, a, layout, dst, min_direction_norm, known, workers)
     if not math.isfinite(sq):
         _raise_non_finite(vectors, a, ids)
     names = tuple(fragment.segments[s].name for s in fallback)
@@ -287,6 +294,7 @@ def _merge(
     out: F32,
     min_dir: float,
     known: Sequence[F64 | None],
+    workers: Workers | None,
 ) -> tuple[list[int], float]:
     """Fill ``out``; return (fallback segment indices, ‖out‖², NaN if an input is not finite).
     ``known[m]``: the squared segment norms of ``vectors[m]``, or None to compute them."""
@@ -295,7 +303,8 @@ def _merge(
     aa = a[active]
     mean_coef = np.repeat(aa[:, None], layout.rda.size, axis=1)  # (M_active, S)
     if not layout.rda.any():
-        return [], float(_accumulate(out, vs, mean_coef, layout.pieces, layout.rda.size).sum())
+        sq = _accumulate(out, vs, mean_coef, layout.pieces, layout.rda.size, workers)
+        return [], float(sq.sum())
     sq_norms = [known[int(i)] for i in active]
     norms = np.sqrt(
         np.stack(
@@ -316,7 +325,7 @@ def _merge(
     # float64 instead (_rda_wide), which is exact over the whole float32 range.
     wide = layout.rda & ((coef > _WIDE) | ((coef > 0) & (coef < 1.0 / _WIDE))).any(axis=0)
     narrow = [piece for piece in layout.pieces if not wide[piece[2]]]
-    sq = _accumulate(out, vs, coef, narrow, layout.rda.size)  # ‖u_s‖² where RDA
+    sq = _accumulate(out, vs, coef, narrow, layout.rda.size, workers)  # ‖u_s‖² where RDA
     fallback: list[int] = []
     for s in np.flatnonzero(layout.rda & (target > 0)):
         pieces = layout.of_segment(int(s))
@@ -370,37 +379,48 @@ def _sq_pieces(x: F32, pieces: Iterable[tuple[int, int, int]]) -> float:
 
 
 def _accumulate(
-    out: F32, vs: Sequence[Delta], coef: F64, pieces: Iterable[tuple[int, int, int]], n_seg: int
+    out: F32,
+    vs: Sequence[Delta],
+    coef: F64,
+    pieces: Sequence[tuple[int, int, int]],
+    n_seg: int,
+    workers: Workers | None = None,
 ) -> F64:
-    """out[piece] = Σ_m coef[m, segment] · vs[m][piece], piece by piece while it is in cache;
-    returns the squared norm of ``out`` per segment (0 for segments not in ``pieces``).
+    """out[piece] = Σ_m coef[m, segment] · vs[m][piece], piece by piece while it is in cache
+    (the pieces shared between ``workers``); returns the squared norm of ``out`` per segment
+    (0 for segments not in ``pieces``), summed in piece order whatever the workers.
 
-    Blockwise codes are summed first, one ``CodesSum`` per block size (in order of first
-    appearance), then the float32 vectors (and codes of unusual block sizes), in input order."""
-    scratch = np.empty(CHUNK_ELEMENTS, dtype=np.float32)
+    In each piece, blockwise codes are summed first, one ``CodesSum`` per block size (in order
+    of first appearance), then the float32 vectors (and codes of unusual block sizes), in input
+    order."""
     c32 = coef.astype(np.float32)
-    sq = np.zeros(n_seg, dtype=np.float64)
     groups: dict[int, list[int]] = {}
     for m, v in enumerate(vs):
         if isinstance(v, Blockwise) and v.block_size <= MAX_FOLDED_BLOCK:
             groups.setdefault(v.block_size, []).append(m)
-    sums = [(CodesSum([cast(Blockwise, vs[m]) for m in ms]), ms) for ms in groups.values()]
     folded = {m for ms in groups.values() for m in ms}
     rest = [m for m in range(len(vs)) if m not in folded]
-    for s, run in itertools.groupby(pieces, key=lambda piece: piece[2]):
-        seg_pieces = list(run)  # a segment's pieces: the codes are summed over all of it
-        lo, hi = seg_pieces[0][0], seg_pieces[-1][1]
-        for i, (codes, ms) in enumerate(sums):
-            codes.into(out[lo:hi], c32[ms, s], lo, hi, add=i > 0)
-        for start, stop, _ in seg_pieces:
+
+    def run(mine: Sequence[tuple[int, int, int]]) -> list[float]:
+        scratch = np.empty(CHUNK_ELEMENTS, dtype=np.float32)  # per thread, as the CodesSums
+        sums = [(CodesSum([cast(Blockwise, vs[m]) for m in ms]), ms) for ms in groups.values()]
+        dots = []
+        for start, stop, s in mine:
             dst, tmp = out[start:stop], scratch[: stop - start]
+            for i, (codes, ms) in enumerate(sums):
+                codes.into(dst, c32[ms, s], start, stop, add=i > 0)
             for i, m in enumerate(rest):
                 if i == 0 and not sums:
                     np.multiply(values(vs[m], start, stop, dst), c32[m, s], out=dst)
                 else:
                     np.multiply(values(vs[m], start, stop, tmp), c32[m, s], out=tmp)
                     np.add(dst, tmp, out=dst)
-            sq[s] += _sq(dst)
+            dots.append(_sq(dst))
+        return dots
+
+    sq = np.zeros(n_seg, dtype=np.float64)
+    for (_, _, s), d in zip(pieces, split_map(run, pieces, workers), strict=True):
+        sq[s] += d
     return sq
 
 

@@ -17,19 +17,22 @@ Units: Θ, Δ and b are in parameter units; lr and μ are dimensionless.
 Arithmetic is float32 like torch's, but torch's CPU kernels fuse ``a + α·b`` into one FMA while
 numpy rounds the product first, so the two agree to fp32 rounding (≈1e-7 relative per step), not
 bit for bit. Everything is in place on preallocated arrays, chunk by chunk so the temporaries stay
-in cache. The state (b and the step count) round-trips through bytes or a plain dict for storage
-in Redis.
+in cache; the chunks may be shared between threads (``workers``, ``core.workers``), each
+element's arithmetic unchanged. The state (b and the step count) round-trips through bytes or a
+plain dict for storage in Redis.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from dd_queue.core.workers import Workers, split_map
 from dd_queue.errors import CoreError
 
 F32 = npt.NDArray[np.float32]
@@ -71,6 +74,7 @@ def nesterov_step(
     momentum: float,
     weight_decay: float = 0.0,
     out: tuple[F32, NesterovState] | None = None,
+    workers: Workers | None = None,
 ) -> None:
     """One outer step, in place on ``params`` and ``state`` (formulas in the module doc), or
     into ``out``.
@@ -85,6 +89,7 @@ def nesterov_step(
         out: New Θ_p and state to write instead (arrays of the same shape that overlap
             none of the inputs; their content is ignored): the same values as in place,
             without first copying Θ_p and b to keep the old ones.
+        workers: Threads to share the chunks with (``core.workers``); the same bits with any.
 
     Raises:
         CoreError: Shapes or dtypes differ, ``out`` overlaps an input, or a hyperparameter
@@ -96,26 +101,31 @@ def nesterov_step(
         _check_out(p_out, s_out, (params, delta, state.momentum_buffer))
     first = state.step == 0
     buf, b_out = state.momentum_buffer, s_out.momentum_buffer
-    g_tmp = np.empty(min(CHUNK_ELEMENTS, params.size), dtype=np.float32)
-    u_tmp = np.empty_like(g_tmp)
-    for start in range(0, params.size, CHUNK_ELEMENTS):
-        stop = min(start + CHUNK_ELEMENTS, params.size)
-        p, b, n = params[start:stop], buf[start:stop], stop - start
-        pn, bn = p_out[start:stop], b_out[start:stop]
-        g = delta[start:stop]
-        if weight_decay:
-            g = np.add(g, np.multiply(p, weight_decay, out=g_tmp[:n]), out=g_tmp[:n])
-        u = g
-        if momentum:
-            if first:
-                np.copyto(bn, g)
-            else:
-                np.multiply(b, momentum, out=bn)
-                np.add(bn, g, out=bn)
-            u = np.add(g, np.multiply(bn, momentum, out=u_tmp[:n]), out=u_tmp[:n])
-        elif bn is not b:
-            np.copyto(bn, b)  # plain SGD leaves the buffer alone
-        np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=pn)
+
+    def chunks(starts: Sequence[int]) -> list[None]:
+        g_tmp = np.empty(min(CHUNK_ELEMENTS, params.size), dtype=np.float32)
+        u_tmp = np.empty_like(g_tmp)
+        for start in starts:
+            stop = min(start + CHUNK_ELEMENTS, params.size)
+            p, b, n = params[start:stop], buf[start:stop], stop - start
+            pn, bn = p_out[start:stop], b_out[start:stop]
+            g = delta[start:stop]
+            if weight_decay:
+                g = np.add(g, np.multiply(p, weight_decay, out=g_tmp[:n]), out=g_tmp[:n])
+            u = g
+            if momentum:
+                if first:
+                    np.copyto(bn, g)
+                else:
+                    np.multiply(b, momentum, out=bn)
+                    np.add(bn, g, out=bn)
+                u = np.add(g, np.multiply(bn, momentum, out=u_tmp[:n]), out=u_tmp[:n])
+            elif bn is not b:
+                np.copyto(bn, b)  # plain SGD leaves the buffer alone
+            np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=pn)
+        return [None] * len(starts)
+
+    split_map(chunks, range(0, params.size, CHUNK_ELEMENTS), workers)
     s_out.step = state.step + 1
 
 

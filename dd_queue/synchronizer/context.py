@@ -23,6 +23,7 @@ from dd_queue.faults import Effect, FaultInjector
 from dd_queue.log import fields
 from dd_queue.messages import Event, MessageLimits, Scalar
 from dd_queue.synchronizer.buffers import BufferPool
+from dd_queue.synchronizer.workers import ThreadWorkers, shared_workers
 from dd_queue.tracking import NULL_TRACKER, Tracker
 
 __all__ = ["Context", "hard_kill"]
@@ -59,6 +60,8 @@ class Context:
         refusals: Heartbeats and fault commands it refused, by kind and reason (reported as
             ``message.refused`` events; refused contributions are dead-lettered instead).
         tracker: Where each merged round's stats go (``dd_queue.tracking``; off by default).
+        workers: The threads that share the merge and outer step (``merge_threads``; None
+            for one: the loop's own thread).
     """
 
     bus: Bus
@@ -77,6 +80,7 @@ class Context:
     buffers: BufferPool = field(init=False, default_factory=BufferPool)
     auth: Auth = field(init=False)
     refusals: Refusals = field(init=False, default_factory=Refusals)
+    workers: ThreadWorkers | None = field(init=False)
 
     def __post_init__(self) -> None:
         # Derived once (hashing the tree per message is far too slow). The run digest covers
@@ -92,6 +96,7 @@ class Context:
             * self.cfg.model.architecture().seq_len
         )
         object.__setattr__(self, "max_tokens_per_step", bound)
+        object.__setattr__(self, "workers", shared_workers(self.cfg.synchronizer.merge_threads))
         object.__setattr__(
             self, "auth", Auth.load(self.cfg.auth, self.cfg.run.run_id, SYNCHRONIZER)
         )

@@ -99,7 +99,12 @@ def _combine(ctx: Context, rt: FragmentRuntime, held: Sequence[Held]) -> Merged:
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked, not warned
             result = merge_fragment(
-                kept, rt.fragment, rule=sync.merge_rule, weighting=sync.weighting, out=out
+                kept,
+                rt.fragment,
+                rule=sync.merge_rule,
+                weighting=sync.weighting,
+                out=out,
+                workers=ctx.workers,
             )
     except CoreError as exc:  # finite contributions whose merged Δ overflows float32
         log.debug("merge overflow on fragment %d: %s", rt.fragment_id, exc)
@@ -114,6 +119,7 @@ def _combine(ctx: Context, rt: FragmentRuntime, held: Sequence[Held]) -> Merged:
                 lr=sync.outer_lr,
                 momentum=sync.outer_momentum,
                 out=(theta, momentum),
+                workers=ctx.workers,
             )
     else:
         np.copyto(theta, rt.theta)

@@ -1,7 +1,8 @@
 """Architecture rule: ``dd_queue/core`` stays pure (no I/O, no clocks, no torch).
 
 The core is the functional part of "functional core, imperative shell" (design.md): time comes
-in as ``now``, never from ``time``; Redis, HTTP, threads, processes and torch stay in the shell.
+in as ``now``, never from ``time``; Redis, HTTP, threads, processes and torch stay in the shell
+(a pass may be split between threads, but the shell owns them: ``core.workers``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ FORBIDDEN = frozenset(
         "uvicorn",
         "asyncio",
         "threading",
+        "concurrent",
         "time",
         "os",
         "socket",
