@@ -10,11 +10,13 @@ contributions) plus ``nesterov_step`` on the N-element fragment. The baseline is
 the same bytes (each of the M contribution buffers copied into one N-element buffer), measured in
 the same run. Each timing is the best of ``--repeats`` runs after one warm-up, merge and copy
 timed alternately. The merge and the outer step share their pieces between ``--threads``
-threads as the synchronizer does (``synchronizer.merge_threads``, default 2; the copy is one
-``np.copyto`` per buffer, on one thread). Targets: the weighted mean reaches ≥ 25% of the copy
-rate, RDA (which reads every contribution twice: norms, then the sum) ≥ 10%.
+threads, by default as many as a synchronizer with the default config takes on this machine
+(``synchronizer.merge_threads: 0``: the cores its 2 fetch processes leave, 1 to 4; so 1 on a
+2-core machine). The copy is one ``np.copyto`` per buffer, on one thread. Targets: the
+weighted mean reaches ≥ 25% of the copy rate, RDA (which reads every contribution twice: norms,
+then the sum) ≥ 10%.
 
-    python bench/bench_merge.py --quick --threads 1   # the merge on one thread
+    python bench/bench_merge.py --quick --threads 2   # the merge on two threads
 
 Below ~1M elements the targets stop being meaningful: the copy baseline runs from cache, and the
 merge's fixed cost (~0.1 ms: validation, layout, weights) and the N-element outer step, which do
@@ -46,7 +48,7 @@ from dd_queue.core.fragments import Fragment, plan_fragments
 from dd_queue.core.merge import ContributionData, merge_fragment, segment_sq_norms
 from dd_queue.core.outer import NesterovState, nesterov_step
 from dd_queue.core.workers import Workers
-from dd_queue.synchronizer.workers import shared_workers
+from dd_queue.synchronizer.workers import merge_threads, shared_workers
 
 TARGETS = {"mean": 0.25, "rda": 0.10}
 LEARNER_COUNTS = (2, 8, 32)
@@ -231,13 +233,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only the 1M-element fragment")
     parser.add_argument("--json", action="store_true", help="end with one JSON object line")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (best kept)")
-    default_threads = SynchronizerConfig.model_fields["merge_threads"].default
+    sync = SynchronizerConfig()
+    default_threads, why = merge_threads(sync.merge_threads, sync.fetch_processes)
     parser.add_argument(
         "--threads",
         type=int,
         default=default_threads,
-        help=f"threads sharing the merge and outer step (default {default_threads}, as the "
-        "synchronizer's merge_threads)",
+        help=f"threads sharing the merge and outer step (default {default_threads}: what a "
+        f"synchronizer with the default config takes here, {why})",
     )
     args = parser.parse_args()
     if args.threads < 1:

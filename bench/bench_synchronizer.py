@@ -86,6 +86,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
                 "version_ring": 2,
                 "lease_ttl_s": 30.0,
                 "fetch_processes": args.fetch_processes,
+                "merge_threads": args.merge_threads,
             },
             "membership": {"expected_learners": args.learners},
             "auth": {"keys_dir": getattr(args, "keys_dir", None)},
@@ -347,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         help="synchronizer.fetch_processes (default %(default)s; 0 = one fetch thread)",
     )
     parser.add_argument(
+        "--merge-threads",
+        type=int,
+        default=0,
+        help="synchronizer.merge_threads (default %(default)s: the cores the fetch processes "
+        "leave, 1 to 4; 1 = the loop's thread alone)",
+    )
+    parser.add_argument(
         "--raw-payloads",
         type=int,
         default=512,
@@ -390,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     took = time.perf_counter() - wall
     print(f"redis-server {version}; M={args.learners} P={args.fragments} ", end="")
     print(f"{args.elements:,} elements/fragment, {args.codec}, ", end="")
-    print(f"{args.fetch_processes} fetch processes; raw: {n_raw} payloads a run; {took:.0f} s\n")
+    print(f"{args.fetch_processes} fetch processes, {args.merge_threads} merge threads; ", end="")
+    print(f"raw: {n_raw} payloads a run; {took:.0f} s\n")
     print("| rounds | rounds/s | quorum→published p50 / p99 ms | payload MB/s | raw MB/s ", end="")
     print("| ratio | target |")
     print("|---:|---:|---:|---:|---:|---:|---|")
@@ -450,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                     "elements": args.elements,
                     "codec": args.codec,
                     "fetch_processes": args.fetch_processes,
+                    "merge_threads": args.merge_threads,
                     "raw_payloads": n_raw,
                     "signed": signed,
                     "signed_ratio": signed["payload_mb_s"] / ours["payload_mb_s"]

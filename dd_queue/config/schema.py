@@ -617,11 +617,11 @@ class SynchronizerConfig(_Section):
         "thread of the synchronizer's own process).",
     )
     merge_threads: int = Field(
-        2,
-        ge=1,
+        0,
+        ge=0,
         le=64,
-        description="Threads that share the merge and outer step (numpy releases the GIL); "
-        "the results are the same bits for any count.",
+        description="Threads that share the merge and outer step (the same bits for any "
+        "count; 0 = the cores the fetch processes leave, 1 to 4).",
     )
     max_takes: int = Field(
         3,

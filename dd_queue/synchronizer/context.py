@@ -23,7 +23,7 @@ from dd_queue.faults import Effect, FaultInjector
 from dd_queue.log import fields
 from dd_queue.messages import Event, MessageLimits, Scalar
 from dd_queue.synchronizer.buffers import BufferPool
-from dd_queue.synchronizer.workers import ThreadWorkers, shared_workers
+from dd_queue.synchronizer.workers import ThreadWorkers, merge_threads, shared_workers
 from dd_queue.tracking import NULL_TRACKER, Tracker
 
 __all__ = ["Context", "hard_kill"]
@@ -60,8 +60,8 @@ class Context:
         refusals: Heartbeats and fault commands it refused, by kind and reason (reported as
             ``message.refused`` events; refused contributions are dead-lettered instead).
         tracker: Where each merged round's stats go (``dd_queue.tracking``; off by default).
-        workers: The threads that share the merge and outer step (``merge_threads``; None
-            for one: the loop's own thread).
+        workers: The threads that share the merge and outer step (``merge_threads``, logged
+            with its reason at start; None for one: the loop's own thread).
     """
 
     bus: Bus
@@ -96,7 +96,10 @@ class Context:
             * self.cfg.model.architecture().seq_len
         )
         object.__setattr__(self, "max_tokens_per_step", bound)
-        object.__setattr__(self, "workers", shared_workers(self.cfg.synchronizer.merge_threads))
+        sync = self.cfg.synchronizer
+        width, why = merge_threads(sync.merge_threads, sync.fetch_processes)
+        log.info("merge on %d thread(s) (%s)", width, why)
+        object.__setattr__(self, "workers", shared_workers(width))
         object.__setattr__(
             self, "auth", Auth.load(self.cfg.auth, self.cfg.run.run_id, SYNCHRONIZER)
         )

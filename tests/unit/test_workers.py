@@ -23,7 +23,8 @@ from dd_queue.core.fragments import Fragment, Segment
 from dd_queue.core.merge import CHUNK_ELEMENTS, merge_weighted
 from dd_queue.core.outer import NesterovState, nesterov_step
 from dd_queue.core.workers import split_map
-from dd_queue.synchronizer.workers import ThreadWorkers, shared_workers
+from dd_queue.synchronizer import workers as workers_module
+from dd_queue.synchronizer.workers import ThreadWorkers, merge_threads, shared_workers
 
 WIDTHS = (2, 3)
 
@@ -77,6 +78,19 @@ def test_thread_workers_refuse_a_width_below_one() -> None:
     with pytest.raises(ValueError, match="≥ 1"):
         ThreadWorkers(0)
     assert shared_workers(1) is None and shared_workers(2) is shared_workers(2)
+
+
+@pytest.mark.parametrize(
+    ("cores", "fetch", "want"), [(2, 2, 1), (2, 0, 2), (1, 0, 1), (8, 2, 4), (6, 3, 3), (64, 2, 4)]
+)
+def test_auto_merge_threads_take_the_cores_the_fetch_processes_leave(
+    monkeypatch: pytest.MonkeyPatch, cores: int, fetch: int, want: int
+) -> None:
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: set(range(cores)))
+    width, why = merge_threads(0, fetch)
+    assert width == want
+    assert f"{cores} usable cores, {fetch} fetch processes" in why
+    assert merge_threads(3, fetch) == (3, "merge_threads: 3 in the config")
 
 
 @settings(max_examples=25, deadline=None)
