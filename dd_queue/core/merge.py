@@ -21,7 +21,8 @@ Speed: no Python loop touches single elements. The flat vector is cut into piece
 ``CHUNK_ELEMENTS`` inside one segment; for each piece every contribution is scaled into a small
 scratch buffer and added to ``out`` while both stay in cache. Squared norms are fp32 dots per piece
 summed in fp64, in piece order. The pieces of that weighted sum may be shared between threads
-(``workers``, ``core.workers``: numpy releases the GIL in each piece), with the same bits.
+(``workers``, ``core.workers``: numpy releases the GIL in each piece), with the same bits; a
+merge that folds codes (below) stays on one thread.
 Contributions with zero weight are never read (so they are not checked for NaN). RDA needs
 every contribution's per-segment norms before it can scale anything, so a merge reads each Δ_m
 twice, the first time only for its norms; a caller that has Δ_m in cache earlier (the
@@ -387,8 +388,9 @@ def _accumulate(
     workers: Workers | None = None,
 ) -> F64:
     """out[piece] = Σ_m coef[m, segment] · vs[m][piece], piece by piece while it is in cache
-    (the pieces shared between ``workers``); returns the squared norm of ``out`` per segment
-    (0 for segments not in ``pieces``), summed in piece order whatever the workers.
+    (the pieces shared between ``workers`` when no codes are folded); returns the squared
+    norm of ``out`` per segment (0 for segments not in ``pieces``), summed in piece order
+    whatever the workers.
 
     In each piece, blockwise codes are summed first, one ``CodesSum`` per block size (in order
     of first appearance), then the float32 vectors (and codes of unusual block sizes), in input
@@ -418,8 +420,12 @@ def _accumulate(
             dots.append(_sq(dst))
         return dots
 
+    # Codes are summed in many small numpy calls (sub-pieces of a few thousand elements) that
+    # hold the GIL between them: on two threads such a merge was slower (M = 16 int8, 1M
+    # elements: 12.5-16.7 ms on one thread, 17.5-18.9 on two), so it stays on one.
+    helpers = workers if not groups else None
     sq = np.zeros(n_seg, dtype=np.float64)
-    for (_, _, s), d in zip(pieces, split_map(run, pieces, workers), strict=True):
+    for (_, _, s), d in zip(pieces, split_map(run, pieces, helpers), strict=True):
         sq[s] += d
     return sq
 
