@@ -6,8 +6,10 @@ is the scalar to back-propagate. The learner weighs its contribution by ``batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -59,3 +61,21 @@ def token_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(
         logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
     )
+
+
+@torch.no_grad()
+def heldout_score(
+    model: Callable[[TrainBatch], ModelOutput], batches: Iterable[TrainBatch]
+) -> tuple[float, float | None, int]:
+    """(mean task loss, accuracy or None, training units) of ``model`` over ``batches``, each
+    batch weighed by its ``n_tokens``: the held-out score every evaluation reports."""
+    loss_sum, correct, n, has_accuracy = 0.0, 0.0, 0, False
+    for batch in batches:
+        out = model(batch)
+        loss_sum += float(out.task_loss) * batch.n_tokens
+        if out.accuracy is not None:
+            has_accuracy = True
+            correct += float(out.accuracy) * batch.n_tokens
+        n += batch.n_tokens
+    total = max(n, 1)
+    return loss_sum / total, (correct / total if has_accuracy else None), n

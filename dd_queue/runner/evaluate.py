@@ -19,6 +19,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import plan_fragments, shapes_from_named
 from dd_queue.data import Batch, Dataset, ShardLoader
 from dd_queue.learner.params import FragmentParams
+from dd_queue.models.base import heldout_score
 from dd_queue.models.builder import build, embedding_names, synced_parameters
 
 __all__ = ["EvalPoint", "GlobalEvaluator"]
@@ -78,14 +79,5 @@ class GlobalEvaluator:
         """Load every fragment from ``fragment(p)`` and return (loss, accuracy or None)."""
         for p in range(self.params.n_fragments):
             self.params.write(p, fragment(p), alpha=0.0)
-        loss_sum, correct, n = 0.0, 0.0, 0
-        has_accuracy = False
-        for batch in self.batches:
-            out = self.model(batch)
-            loss_sum += float(out.task_loss) * batch.n_tokens
-            if out.accuracy is not None:
-                has_accuracy = True
-                correct += float(out.accuracy) * batch.n_tokens
-            n += batch.n_tokens
-        n = max(n, 1)
-        return loss_sum / n, (correct / n if has_accuracy else None)
+        loss, accuracy, _ = heldout_score(self.model, self.batches)
+        return loss, accuracy

@@ -23,8 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from dd_queue.bus import Bus
 from dd_queue.config import DDQConfig
@@ -33,7 +32,7 @@ from dd_queue.errors import DDQError
 from dd_queue.messages import Event
 from dd_queue.tracking import NULL_TRACKER, Tracker
 
-__all__ = ["EvalResult", "Evaluator"]
+__all__ = ["EvalResult", "Evaluator", "HeldOut"]
 
 log = logging.getLogger("dd_queue.evaluator")
 RETRY_S = 2.0
@@ -50,6 +49,39 @@ class EvalResult:
     n_examples: int
 
 
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """A CPU model built from the config and the held-out batches it is scored on: the same
+    examples every time, the split every learner leaves out (the evaluator's, and the chaos
+    bench's for torchft's snapshots)."""
+
+    model: Any
+    batches: tuple[Any, ...]
+
+    @classmethod
+    def build(cls, cfg: DDQConfig) -> HeldOut:
+        from dd_queue.data import ShardLoader, build_dataset
+        from dd_queue.models.builder import build
+
+        spec = cfg.model.architecture()
+        data = cfg.data.spec(vocab_size=spec.vocab_size)
+        loader = ShardLoader(
+            build_dataset(data, seq_len=spec.seq_len),
+            batch_size=data.batch_size,
+            eval_fraction=data.eval_fraction,
+        )
+        return cls(
+            model=build(spec, seed=cfg.run.seed, device="cpu").eval(),
+            batches=tuple(loader.eval_batches(max_batches=cfg.data.eval_batches)),
+        )
+
+    def score(self) -> tuple[float, float | None, int]:
+        """(loss, accuracy or None, training units) of the model's current weights."""
+        from dd_queue.models.base import heldout_score
+
+        return heldout_score(self.model, self.batches)
+
+
 class Evaluator:
     """Scores the global model; build once (model and held-out data), call ``evaluate`` often.
 
@@ -63,20 +95,9 @@ class Evaluator:
     def __init__(self, cfg: DDQConfig, *, bus: Bus, tracker: Tracker = NULL_TRACKER) -> None:
         import torch
 
-        from dd_queue.data import ShardLoader, build_dataset
-        from dd_queue.models.builder import build
-
         torch.set_num_threads(1)
         self.cfg, self.bus, self.tracker = cfg, bus, tracker
-        spec = cfg.model.architecture()
-        self.model = build(spec, seed=cfg.run.seed, device="cpu").eval()
-        data = cfg.data.spec(vocab_size=spec.vocab_size)
-        loader = ShardLoader(
-            build_dataset(data, seq_len=spec.seq_len),
-            batch_size=data.batch_size,
-            eval_fraction=data.eval_fraction,
-        )
-        self.batches = list(loader.eval_batches(max_batches=cfg.data.eval_batches))
+        self.heldout = HeldOut.build(cfg)
 
     def evaluate(self) -> EvalResult:
         """Load the newest global model and score it; emit and return the result.
@@ -92,17 +113,9 @@ class Evaluator:
 
         tensors, versions, first = global_model(self.bus, self.cfg)
         with torch.no_grad():
-            for name, param in synced_parameters(self.model).items():
+            for name, param in synced_parameters(self.heldout.model).items():
                 param.copy_(torch.from_numpy(tensors[name]))
-            losses, correct, n = [], [], 0
-            for batch in self.batches:
-                out = self.model(batch)
-                losses.append(float(out.task_loss) * batch.n_tokens)
-                if out.accuracy is not None:
-                    correct.append(float(out.accuracy) * batch.n_tokens)
-                n += batch.n_tokens
-        loss = float(np.sum(losses) / max(n, 1))
-        accuracy = float(np.sum(correct) / max(n, 1)) if correct else None
+        loss, accuracy, n = self.heldout.score()
         result = EvalResult(loss=loss, accuracy=accuracy, versions=versions, n_examples=n)
         event = Event(
             run_id=self.cfg.run.run_id,
