@@ -1,10 +1,11 @@
 """Resilience with real processes: steady rate, slow peers, kills and restarts, timed from the
 processes' own records.
 
-    python bench/bench_resilience.py                            # every scenario once, ~12 min
+    python bench/bench_resilience.py                            # all but chaos once, ~12 min
     python bench/bench_resilience.py --scenarios steady,kill-learner --repeat 3
     python bench/bench_resilience.py --smoke --json             # the CI smoke: steady, ~40 s
     python bench/bench_resilience.py --scenarios steady,hetero,kill-learner --peer torchft
+    python bench/bench_resilience.py --scenarios chaos --peer torchft --json   # ~35 min
 
 Each scenario starts its own formation the way the Procfile does (``python -m dd_queue.services.*``
 with one config): a private redis-server with AOF on a free loopback port, the synchronizer
@@ -51,14 +52,23 @@ Scenarios (``--scenarios``, comma-separated):
   longest gap and Redis back → next merged round.
 
 ``--peer torchft`` runs torchft's side of every scenario it has a part in (steady, hetero,
-kill-learner; it has no synchronizer and no broker) right after ours, in a venv the bench
+kill-learner, chaos; it has no synchronizer and no broker) right after ours, in a venv the bench
 creates (``bench/peer_torchft.py``: ``torch==2.13.0``, ``torchft==0.2.0`` and this dd_queue, so
 its replicas train the same model, shard and ``InnerLoop``), and prints both systems side by side
 with ratios; torchft's steady rate is set against the same plain pair. Where the peer cannot be
 installed the bench says why and runs our side. Without it, the table quotes the torchft
 anchor's figures (``../shared/anchors/torchft/``, measured on this machine kind).
 
-Not here yet (#18): the seeded chaos schedule.
+* ``chaos``: a seeded schedule (``bench/chaos_schedule.py``: 20 learner kills, 5 synchronizer
+  kills, 10 stalls and 6 2× slowdowns over ``--chaos-s`` = 600 s, all by signal; kills
+  relaunched at once), run twice on the same schedule: ``decoupled`` (the config's K = 1 +
+  grace) and ``synchronous`` (K = M = 2). Reported: goodput (useful steps ÷ what the plain pair
+  computes in the same time), uptime, kills survived, unexpected exits, windows of two round
+  times without a merge, the exactly-once audit, and the held-out loss (``eval.done`` every
+  20 s) at equal wall time and at equal tokens computed. With ``--peer torchft`` the same
+  schedule runs a third time on torchft (``peer_torchft.chaos``: replica kills, its lighthouse
+  killed and restarted at the synchronizer kills' times, the same signals), whose replicas save
+  the global model after a commit every 20 s for the same held-out scoring afterwards.
 ``--json`` prints one JSON object as the last line.
 """
 
@@ -75,6 +85,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -251,8 +262,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 # ── the formation ──────────────────────────────────────────────────────────────────────────
-def run_config(work: Path, redis_url: str, port: int, args: argparse.Namespace) -> Path:
-    """The run's config file (see the module doc)."""
+def run_config(
+    work: Path,
+    redis_url: str,
+    port: int,
+    args: argparse.Namespace,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Path:
+    """The run's config file (see the module doc), with ``overrides`` per section."""
     import yaml
 
     raw: dict[str, Any] = {
@@ -282,6 +299,8 @@ def run_config(work: Path, redis_url: str, port: int, args: argparse.Namespace) 
         "control": {"port": port, "admin_token": TOKEN},
         "faults": {"enabled": True},
     }
+    for section, values in (overrides or {}).items():
+        raw[section] = {**raw.get(section, {}), **values}
     path = work / "run.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -379,7 +398,13 @@ class Formation(Processes):
     """Redis, synchronizer(s), control plane, evaluator and two learners as real processes."""
 
     def __init__(
-        self, work: Path, args: argparse.Namespace, *, evaluator: bool = True, max_steps: int = 0
+        self,
+        work: Path,
+        args: argparse.Namespace,
+        *,
+        evaluator: bool = True,
+        max_steps: int = 0,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         from dd_queue.bus import RedisBus
         from dd_queue.config import load_config
@@ -388,7 +413,7 @@ class Formation(Processes):
         super().__init__(work)
         self.redis = RedisProcess(appendonly=True).start()
         self.port = free_port()
-        self.config = run_config(work, self.redis.url, self.port, args)
+        self.config = run_config(work, self.redis.url, self.port, args, overrides)
         self.cfg = load_config(self.config)
         self.bus = RedisBus(self.redis.url, "resil", options=self.cfg.redis.options())
         self.max_steps = max_steps
@@ -802,7 +827,236 @@ def scenario_redis(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-SCENARIOS = ("steady", "hetero", "kill-learner", "kill-sync", "redis")
+_PLAIN: dict[str, dict[str, float | None]] = {}  # the plain pair's steps/s, once per work dir
+
+
+def _plain_rates(work: Path, args: argparse.Namespace) -> dict[str, float | None]:
+    """The plain pair's steps/s for the chaos runs' fault-free reference (measured once)."""
+    from tests.redisproc import free_port
+
+    if str(work) not in _PLAIN:
+        work.mkdir(parents=True, exist_ok=True)
+        config = run_config(work, "redis://127.0.0.1:1/0", free_port(), args)
+        _PLAIN[str(work)] = plain_pair(work, config, args.steps)
+    return _PLAIN[str(work)]
+
+
+def _signals(f: Processes, events: Sequence[Any], t0: float, done: threading.Event) -> None:
+    """Apply the schedule's stalls and slowdowns with SIGSTOP/SIGCONT
+    (``chaos_schedule.stopped_at``), every 10 ms, to whichever process each learner id is now;
+    SIGCONT to all at the end."""
+    import chaos_schedule as ch
+
+    stalls: dict[str, list[tuple[float, float]]] = {lid: [] for lid in LEARNERS}
+    slows: dict[str, list[tuple[float, float, float]]] = {lid: [] for lid in LEARNERS}
+    for e in events:
+        a, b = t0 + e.at_s, t0 + e.at_s + e.duration_s
+        if e.kind == "stall":
+            stalls[e.target].append((a, b))
+        elif e.kind == "slow":
+            slows[e.target].append((a, b, e.factor))
+    stopped: dict[int, bool] = {}
+    while not done.is_set():
+        now = time.time()
+        for lid in LEARNERS:
+            proc = f.procs[lid]
+            want = proc.poll() is None and ch.stopped_at(now, stalls[lid], slows[lid])
+            if stopped.get(proc.pid, False) != want:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGSTOP if want else signal.SIGCONT)
+                stopped[proc.pid] = want
+        done.wait(0.01)
+    for pid, was in stopped.items():
+        if was:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _supervise_until(
+    f: Processes,
+    deadline: float,
+    exits: list[dict[str, Any]],
+    restart: Mapping[str, Callable[[], None]],
+) -> None:
+    """Sleep until ``deadline``, relaunching (as a supervisor would: ``restart``) and recording
+    any process that exits on its own: those are failures to survive, counted."""
+    while time.time() < deadline:
+        for name, proc in list(f.procs.items()):
+            rc = proc.poll()
+            if rc is None or rc == -signal.SIGKILL or any(x["pid"] == proc.pid for x in exits):
+                continue
+            exits.append({"name": name, "pid": proc.pid, "rc": rc, "t": time.time()})
+            if name in restart:
+                restart[name]()
+        time.sleep(0.2)
+
+
+def drive_chaos(
+    f: Processes,
+    events: Sequence[Any],
+    duration_s: float,
+    restart: Mapping[str, Callable[[], None]],
+    coordinator: str,
+) -> tuple[float, float, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Play a schedule on a running formation from now: kill -9 and relaunch at once
+    (``restart[name]``; ``sync-kill`` hits ``coordinator``), stalls and slowdowns by signal.
+    Returns (start, end, kills made, unexpected exits)."""
+    t0 = time.time()
+    done = threading.Event()
+    signaller = threading.Thread(target=_signals, args=(f, events, t0, done), daemon=True)
+    signaller.start()
+    kills: list[dict[str, Any]] = []
+    exits: list[dict[str, Any]] = []
+    try:
+        for e in events:
+            if e.kind not in ("kill", "sync-kill"):
+                continue
+            _supervise_until(f, t0 + e.at_s, exits, restart)
+            name = e.target if e.kind == "kill" else coordinator
+            at = f.kill(name)
+            restart[name]()
+            kills.append({"kind": e.kind, "target": e.target, "t": at})
+        _supervise_until(f, t0 + duration_s, exits, restart)
+    finally:
+        done.set()
+        signaller.join()
+    return t0, time.time(), kills, exits
+
+
+def chaos_figures(
+    records: Mapping[str, Sequence[Mapping[str, Any]]],
+    sends: Mapping[str, Sequence[float]],
+    merges: Sequence[float],
+    evals: Sequence[tuple[float, float]],
+    kills: Sequence[Mapping[str, Any]],
+    window: tuple[float, float],
+    plain_rate: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The chaos figures (``bench/chaos_schedule.py``'s doc) of one run of either system, from
+    each learner's step records, the times its work reached the global model (``sends``: our
+    merged contributions' send times, torchft's ok commits), the global model's updates
+    (``merges``), the held-out losses (wall time, loss) and the kills made."""
+    import chaos_schedule as ch
+
+    lo, hi = window
+    incarnations = {lid: list(by_pid(records[lid]).values()) for lid in LEARNERS}
+    useful = sum(ch.useful_steps(incarnations[lid], sends[lid], lo, hi) for lid in LEARNERS)
+    med = ch.median_of(
+        gap for lid in LEARNERS for inc in incarnations[lid] for _, gap in step_gaps(inc)
+    )
+    all_steps = sorted(r["t"] for lid in LEARNERS for r in steps(records[lid]))
+    computed = sum(1 for t in all_steps if lo <= t <= hi)
+    times = sorted(merges)
+    coordinator = [k["t"] for k in kills if k["kind"] == "sync-kill"]
+    resumed = {t: next((m for m in times if m > t), None) for t in coordinator}
+    excused = [(t, r if r is not None else hi) for t, r in resumed.items()]
+    learner_kills = [k for k in kills if k["kind"] == "kill"]
+    tokens_per_step = args.batch * 128
+    return {
+        "duration_s": hi - lo,
+        "plain_steps_per_s": plain_rate,
+        "steps_computed": computed,
+        "steps_useful": useful,
+        "goodput": useful / (plain_rate * len(LEARNERS) * (hi - lo)),
+        "compute_share_useful": useful / max(1, computed),
+        "uptime": statistics.mean(
+            ch.uptime([r["t"] for r in steps(records[lid])], lo, hi, med) for lid in LEARNERS
+        ),
+        "median_step_s": med,
+        "merged_rounds": sum(1 for m in times if lo <= m <= hi),
+        **ch.downtime(times, lo, hi, 2 * args.h * med, excused),
+        "learner_kills": len(learner_kills),
+        "learner_kills_survived": sum(
+            any(s > k["t"] for s in sends[k["target"]]) for k in learner_kills
+        ),
+        "sync_kills": len(coordinator),
+        "sync_kills_survived": sum(v is not None for v in resumed.values()),
+        "loss_by_time": [(t - lo, loss) for t, loss in evals],
+        "loss_by_tokens": [
+            (ch.tokens_by(all_steps, t, tokens_per_step), loss) for t, loss in evals
+        ],
+        "tokens_computed": computed * tokens_per_step,
+    }
+
+
+def _events(args: argparse.Namespace) -> tuple[Any, ...]:
+    import chaos_schedule as ch
+
+    return ch.plan_chaos(
+        args.seed,
+        args.chaos_s,
+        LEARNERS,
+        learner_kills=args.chaos_kills,
+        sync_kills=args.chaos_sync_kills,
+    )
+
+
+def scenario_chaos(work: Path, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """The seeded schedule (``bench/chaos_schedule.py``) over ``args.chaos_s`` seconds,
+    ``decoupled`` (the config's K = 1 + grace) or ``synchronous`` (K = M): kills relaunched at
+    once, stalls and slowdowns by signal; the figures of that module's doc."""
+    from dd_queue.messages import Event
+
+    plain = _plain_rates(work.parent.parent / "plain-reference", args)
+    events = _events(args)
+    sync: dict[str, Any] = {"eval_interval_s": 20.0}
+    if mode == "synchronous":
+        sync["quorum"] = len(LEARNERS)
+    with Formation(work, args, overrides={"synchronizer": sync}) as f:
+        f.wait(
+            f"step {WARM_STEP} on both learners",
+            lambda: all(f.step_of(lid) >= WARM_STEP for lid in LEARNERS),
+            300,
+        )
+        restart: dict[str, Callable[[], None]] = {
+            lid: (lambda lid=lid: f.learner(lid)) for lid in LEARNERS
+        }
+        restart["synchronizer"] = f.synchronizer
+        lo, hi, kills, exits = drive_chaos(f, events, args.chaos_s, restart, "synchronizer")
+        records = {lid: f.records(lid) for lid in LEARNERS}
+        rounds = f.rounds()
+        limits = f.cfg.wire.message_limits()
+        evals = []
+        for entry in f.bus.read(f.bus.keys.events(), count=1_000_000):
+            ev = Event.from_fields(entry.fields, run_id="resil", limits=limits)
+            if ev.kind == "eval.done" and lo <= ev.at_s <= hi:
+                evals.append((ev.at_s, float(ev.fields["loss"])))
+        f.stop_learners()
+        checked = f.audit()
+    done_rounds = merged(rounds)
+    sends = {
+        lid: [
+            entry_ms(o.entry_id) / 1000.0
+            for r in done_rounds
+            for o in r.entries
+            if o.learner_id == lid and o.outcome == "merged"
+        ]
+        for lid in LEARNERS
+    }
+    merges = [r.closed_at_s for r in done_rounds]
+    figures = chaos_figures(records, sends, merges, evals, kills, (lo, hi), _mean_rate(plain), args)
+    return {
+        "mode": mode,
+        "seed": args.seed,
+        **figures,
+        "abandoned_rounds": sum(
+            1 for r in rounds if r.decision == "abandon" and lo <= r.closed_at_s <= hi
+        ),
+        "stalls": sum(e.kind == "stall" for e in events),
+        "slowdowns": sum(e.kind == "slow" for e in events),
+        "unexpected_exits": exits,
+        "n_unexpected_exits": len(exits),
+        **checked,
+    }
+
+
+def _mean_rate(plain: Mapping[str, float | None]) -> float:
+    return statistics.mean(v for v in plain.values() if v)
+
+
+SCENARIOS = ("steady", "hetero", "kill-learner", "kill-sync", "redis", "chaos")
+DEFAULT_SCENARIOS = SCENARIOS[:-1]  # chaos takes ~25 min more: asked for by name
 
 
 Scenario = tuple[
@@ -852,6 +1106,22 @@ def plan(args: argparse.Namespace, peer_py: Path | None) -> list[Scenario]:
             ]
         elif name == "redis":
             out.append(("redis", lambda w: scenario_redis(w, args), None))
+        elif name == "chaos":  # the same schedule three ways; torchft's run follows ours
+            out += [
+                (
+                    "chaos-decoupled",
+                    lambda w: scenario_chaos(w, args, "decoupled"),
+                    lambda w, c: tf.chaos(
+                        w,
+                        py,
+                        c,
+                        _events(args),
+                        args,
+                        _plain_rates(w.parent.parent / "plain-reference", args),
+                    ),
+                ),
+                ("chaos-synchronous", lambda w: scenario_chaos(w, args, "synchronous"), None),
+            ]
     return out
 
 
@@ -907,7 +1177,8 @@ def _med(runs: Sequence[Mapping[str, Any]], key: str, digits: int = 2) -> str:
 
 def derive(results: Mapping[str, Sequence[dict[str, Any]]]) -> None:
     """Add the table's derived figures to one system's runs, in place: the steady means and CPU
-    shares, and each slow-peer run's fast rate over that system's own steady median."""
+    shares, each slow-peer run's fast rate over that system's own steady median, and the chaos
+    runs' goodput ratio (decoupled ÷ synchronous)."""
     for r in results.get("steady", []):
         plain = r.get("plain_steps_per_s") or {}
         r["plain"] = statistics.mean(v for v in plain.values() if v) if plain else None
@@ -921,11 +1192,32 @@ def derive(results: Mapping[str, Sequence[dict[str, Any]]]) -> None:
             ("redis", "redis_cpu"),
         ):
             r[key] = r.get("cpu_share", {}).get(name)
+    dec, syn = results.get("chaos-decoupled", []), results.get("chaos-synchronous", [])
+    for d, y in zip(dec, syn, strict=False):  # the same schedule: repetition by repetition
+        d["goodput_over_synchronous"] = d["goodput"] / y["goodput"] if y["goodput"] else None
     base = spread([r.get("ours") for r in results.get("steady", [])])["median"]
     for name, runs in results.items():
         if name.startswith("hetero-"):
             for r in runs:
                 r["fast_ratio"] = r["fast_steps_per_s"] / base if base else None
+
+
+def compare_chaos(groups: Iterable[Sequence[dict[str, Any] | None]]) -> None:
+    """Set each chaos run's held-out loss at equal tokens and at equal wall time, in place: for
+    each group of runs on the same schedule (one repetition of every system), where every run
+    of the group has got to (the fewest tokens computed, the shortest time evaluated)."""
+    import chaos_schedule as ch
+
+    for group in groups:
+        runs = [r for r in group if r is not None and r.get("loss_by_tokens")]
+        if not runs:
+            continue
+        tokens = min(max(x for x, _ in r["loss_by_tokens"]) for r in runs)
+        seconds = min(max(x for x, _ in r["loss_by_time"]) for r in runs)
+        for r in runs:
+            r["tokens_compared"], r["seconds_compared"] = tokens, seconds
+            r["loss_at_equal_tokens"] = ch.at_x(r["loss_by_tokens"], tokens)
+            r["loss_at_equal_time"] = ch.at_x(r["loss_by_time"], seconds)
 
 
 # (variant, measurement, key or keys, digits, the torchft anchor's figure)
@@ -996,6 +1288,61 @@ def table_rows() -> list[Row]:
                 "—",
             ),
         ]
+    for mode in ("decoupled", "synchronous"):
+        v, label = f"chaos-{mode}", f"chaos, {mode}"
+        goodput = "goodput (≥ 0.95)" if mode == "decoupled" else "goodput"
+        rows += [
+            (v, f"{label}: {goodput}", "goodput", 3, "—"),
+            (v, f"{label}: uptime, share of learner-time training", "uptime", 3, "—"),
+            (
+                v,
+                f"{label}: learner kills survived / made",
+                ("learner_kills_survived", "learner_kills"),
+                0,
+                "—",
+            ),
+            (
+                v,
+                f"{label}: synchronizer kills survived / made",
+                ("sync_kills_survived", "sync_kills"),
+                0,
+                "—",
+            ),
+            (v, f"{label}: unexpected exits", "n_unexpected_exits", 0, "—"),
+            (
+                v,
+                f"{label}: windows of 2 rounds without a merge (0)",
+                "windows_without_merge",
+                0,
+                "—",
+            ),
+            (v, f"{label}: longest time without a merge, s", "longest_merge_gap_s", 1, "—"),
+            (
+                v,
+                f"{label}: merged / abandoned rounds",
+                ("merged_rounds", "abandoned_rounds"),
+                0,
+                "—",
+            ),
+            (
+                v,
+                f"{label}: settled twice / merged twice / lost",
+                ("settled_twice", "merged_twice", "lost"),
+                0,
+                "—",
+            ),
+            (v, f"{label}: held-out loss at equal wall time", "loss_at_equal_time", 3, "—"),
+            (v, f"{label}: held-out loss at equal tokens", "loss_at_equal_tokens", 3, "—"),
+        ]
+    rows.append(
+        (
+            "chaos-decoupled",
+            "chaos: decoupled goodput ÷ synchronous (≥ 1.5)",
+            "goodput_over_synchronous",
+            2,
+            "—",
+        )
+    )
     rows += [
         ("redis", "redis kill -9 + AOF restart: longest gap ÷ median", "gap_over_median", 2, "—"),
         ("redis", "redis kill -9 + AOF restart: back → merge, s", "back_to_next_merge_s", 2, "—"),
@@ -1021,6 +1368,13 @@ def summarize(
     derive(results)
     if peer is not None:
         derive(peer)
+    compare_chaos(
+        itertools.zip_longest(
+            results.get("chaos-decoupled", []),
+            results.get("chaos-synchronous", []),
+            (peer or {}).get("chaos-decoupled", []),
+        )
+    )
     out = []
     for variant, label, key, digits, anchor in table_rows():
         if variant not in results:
@@ -1056,7 +1410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plain_worker(config, lid, int(n), log)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS)
+        "--scenarios",
+        default=",".join(DEFAULT_SCENARIOS),
+        help="comma-separated: " + ", ".join(SCENARIOS) + " (default: all but chaos)",
     )
     p.add_argument("--repeat", type=int, default=1, help="repetitions of each (default 1)")
     p.add_argument(
@@ -1068,6 +1424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=192)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chaos-s", type=float, default=600.0, help="chaos: length, s (default 600)")
+    p.add_argument("--chaos-kills", type=int, default=20, help="chaos: learner kills (default 20)")
+    p.add_argument(
+        "--chaos-sync-kills", type=int, default=5, help="chaos: synchronizer kills (default 5)"
+    )
     p.add_argument("--work", help="keep every log and record here (default: a temp dir)")
     p.add_argument("--smoke", action="store_true", help="steady only, a tiny model, 60 steps")
     p.add_argument(

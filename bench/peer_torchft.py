@@ -98,6 +98,8 @@ def worker(argv: Sequence[str]) -> int:
     p.add_argument("--steps", type=int, default=0, help="0: until stopped")
     p.add_argument("--slow", type=float, default=1.0)
     p.add_argument("--die-at-sync", type=int, default=0)
+    p.add_argument("--snapshots", help="save the global model here after commits (chaos)")
+    p.add_argument("--snapshot-every-s", type=float, default=20.0)
     a = p.parse_args(argv)
 
     from datetime import timedelta
@@ -155,7 +157,8 @@ def worker(argv: Sequence[str]) -> int:
         backup_device=torch.device("cpu"),
         pin_memory=False,
     )
-    tokens = 0
+    tokens, commits, last_snapshot = 0, [0], 0.0
+    _count_commits(manager, commits)
     with diloco:
         log.joined(0, {})
         while not stopping[0] and (a.steps == 0 or step[0] < a.steps):
@@ -166,6 +169,12 @@ def worker(argv: Sequence[str]) -> int:
                 time.sleep((a.slow - 1.0) * (time.monotonic() - started))
             tokens += sum(count_tokens(b) for b in batches)
             step[0] += 1
+            if a.snapshots and commits[0] and time.time() - last_snapshot >= a.snapshot_every_s:
+                commits[0], last_snapshot = 0, time.time()  # the global model after a commit
+                torch.save(
+                    {"t": last_snapshot, "model": model.state_dict()},
+                    Path(a.snapshots) / f"{a.learner}-{os.getpid()}-{last_snapshot:.3f}.pt",
+                )
             log.step(
                 step[0],
                 tokens=tokens,
@@ -177,6 +186,18 @@ def worker(argv: Sequence[str]) -> int:
     log.close()
     manager.shutdown(wait=False)
     return 0
+
+
+def _count_commits(manager: Any, commits: list[int]) -> None:
+    """Count ok commits into ``commits[0]`` (after the instrumented ``should_commit``)."""
+    should_commit = manager.should_commit
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        ok = should_commit(*args, **kw)
+        commits[0] += bool(ok)
+        return ok
+
+    manager.should_commit = counted
 
 
 def _instrument(manager: Any, log: Any, step: list[int], die_at_sync: int, n_tensors: int) -> None:
@@ -229,16 +250,20 @@ class TorchftFormation(Processes):
         from tests.redisproc import free_port
 
         super().__init__(work)
-        self.py, self.config = py, config
+        self.py, self.config, self.min_replicas = py, config, min_replicas
         self.addr = f"127.0.0.1:{free_port()}"
+        self.lighthouse()
+
+    def lighthouse(self) -> None:
+        """Start (or restart, on the same address) the lighthouse."""
         self.popen(
             "lighthouse",
             [
-                str(py.parent / "torchft_lighthouse"),
+                str(self.py.parent / "torchft_lighthouse"),
                 "--bind",
                 self.addr,
                 "--min_replicas",
-                str(min_replicas),
+                str(self.min_replicas),
                 *LIGHTHOUSE_FLAGS,
                 "--heartbeat_timeout_ms",
                 str(HEARTBEAT_TIMEOUT_MS),
@@ -375,6 +400,70 @@ def kill_learner(work: Path, py: Path, config: Path, how: str, h: int, seed: int
         "join_s": None if first_step is None else first_step["t"] - start["t"],
         "first_contribution_s": None if first_step is None else together["t"] - first_step["t"],
         "relaunch_to_merged_s": together["t"] - launched,
+    }
+
+
+def chaos(
+    work: Path,
+    py: Path,
+    config: Path,
+    events: Sequence[Any],
+    args: Any,
+    plain: Mapping[str, float | None],
+) -> dict[str, Any]:
+    """Our chaos schedule on torchft (``min_replicas`` 1, as in kill_learner): replica kills
+    relaunched at once, the lighthouse (its coordinator, where ours is the synchronizer) killed
+    and restarted at the synchronizer kills' times, the same stalls and slowdowns by signal.
+    A replica saves the global model after a commit every 20 s; the held-out loss of each save
+    is scored afterwards, in this process (``HeldOut``: the evaluator's model and batches)."""
+    import statistics
+
+    import torch
+    from bench_resilience import chaos_figures, drive_chaos
+
+    from dd_queue.config import load_config
+    from dd_queue.synchronizer.evaluator import HeldOut
+
+    saves = work / "snapshots"
+    saves.mkdir(parents=True, exist_ok=True)
+    flags = ("--snapshots", str(saves))
+    with TorchftFormation(work, py, config, min_replicas=1) as f:
+        for lid in LEARNERS:
+            f.replica(lid, *flags)
+        f.wait(
+            f"both replicas past step {WARM_STEP}",
+            lambda: min(f.step_of(x) for x in LEARNERS) >= WARM_STEP,
+            300,
+        )
+        restart: dict[str, Any] = {
+            lid: (lambda lid=lid: f.replica(lid, *flags)) for lid in LEARNERS
+        }
+        restart["lighthouse"] = f.lighthouse
+        lo, hi, kills, exits = drive_chaos(f, events, args.chaos_s, restart, "lighthouse")
+        records = {lid: f.records(lid) for lid in LEARNERS}
+    ok = {
+        lid: [r["t"] for r in records[lid] if r["ev"] == "commit" and r["ok"]] for lid in LEARNERS
+    }
+    heldout = HeldOut.build(load_config(config))
+    evals = []
+    for path in sorted(saves.glob("*.pt")):
+        saved = torch.load(path, map_location="cpu")
+        if lo <= saved["t"] <= hi:
+            heldout.model.load_state_dict(saved["model"])
+            evals.append((float(saved["t"]), heldout.score()[0]))
+    evals.sort()
+    merges = sorted({round(t, 1) for lid in LEARNERS for t in ok[lid]})
+    rate = statistics.mean(v for v in plain.values() if v)
+    figures = chaos_figures(records, ok, merges, evals, kills, (lo, hi), rate, args)
+    return {
+        "mode": "torchft",
+        "seed": args.seed,
+        **figures,
+        "stalls": sum(e.kind == "stall" for e in events),
+        "slowdowns": sum(e.kind == "slow" for e in events),
+        "unexpected_exits": exits,
+        "n_unexpected_exits": len(exits),
+        "steps_discarded": sum(discarded_by_failed_commits(r) for r in records.values()),
     }
 
 
