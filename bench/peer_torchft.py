@@ -293,10 +293,13 @@ class TorchftFormation(Processes):
 # ── reductions (pure) ──────────────────────────────────────────────────────────────────────
 def discarded_by_failed_commits(records: Sequence[Mapping[str, Any]]) -> int:
     """Inner steps thrown away: a failed commit restores the last global weights, so the steps
-    since the previous sync point are lost."""
+    since the previous sync point are lost. A relaunch (``start``) counts its steps from 0 again,
+    so each incarnation's count starts there (records of all incarnations, in order)."""
     lost, since = 0, 0
     for r in records:
-        if r["ev"] == "commit":
+        if r["ev"] == "start":
+            since = 0
+        elif r["ev"] == "commit":
             if not r["ok"]:
                 lost += r["step"] - since
             since = r["step"]

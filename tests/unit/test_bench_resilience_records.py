@@ -106,6 +106,19 @@ def test_a_failed_commit_discards_the_steps_since_the_previous_sync() -> None:
     assert tf.discarded_by_failed_commits([commit(1.0, 13, False)]) == 13  # the first sync
 
 
+def test_a_relaunch_counts_its_discarded_steps_from_its_own_start() -> None:
+    import peer_torchft as tf
+
+    start = {"ev": "start", "pid": 2, "t": 3.5}
+    # killed after a commit at step 300; the relaunch fails its second sync (steps 20..40)
+    records = [commit(1.0, 300, True), start, commit(4.0, 20, True), commit(5.0, 40, False)]
+    assert tf.discarded_by_failed_commits(records) == 20
+    assert (
+        tf.discarded_by_failed_commits([commit(1.0, 300, True), start, commit(2.0, 20, False)])
+        == 20
+    )
+
+
 def test_commit_share_counts_ok_commits_with_enough_participants_in_the_window() -> None:
     import peer_torchft as tf
 
