@@ -6,6 +6,7 @@ processes' own records.
     python bench/bench_resilience.py --smoke --json             # the CI smoke: steady, ~40 s
     python bench/bench_resilience.py --scenarios steady,hetero,kill-learner --peer torchft
     python bench/bench_resilience.py --scenarios chaos --peer torchft --json   # ~35 min
+    python bench/bench_resilience.py --combine a.out b.out      # one table of earlier --json runs
 
 Each scenario starts its own formation the way the Procfile does (``python -m dd_queue.services.*``
 with one config): a private redis-server with AOF on a free loopback port, the synchronizer
@@ -1394,6 +1395,37 @@ def summarize(
     return out
 
 
+def combine_outputs(
+    paths: Sequence[Path],
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]] | None]:
+    """The raw results of several ``--json`` outputs (each file's last JSON line), run after run
+    by variant, ours and the peer's; they must share the model and schedule settings.
+
+    Raises:
+        ValueError: A file has no JSON summary, or its settings differ from the first's.
+    """
+    same = ("h", "fragments", "layers", "width", "batch", "seed", "chaos_s", "steps")
+    results: dict[str, list[dict[str, Any]]] = {}
+    peer: dict[str, list[dict[str, Any]]] = {}
+    first: dict[str, Any] | None = None
+    for path in paths:
+        lines = [ln for ln in path.read_text().splitlines() if ln.startswith("{")]
+        if not lines:
+            raise ValueError(f"{path}: no JSON summary (run the bench with --json)")
+        out = json.loads(lines[-1])
+        settings = {k: out.get("settings", {}).get(k) for k in same}
+        if first is None:
+            first = settings
+        elif settings != first:
+            diff = {k: (first[k], settings[k]) for k in same if first[k] != settings[k]}
+            raise ValueError(f"{path}: settings differ from {paths[0]}: {diff}")
+        for name, runs in out.get("results", {}).items():
+            results.setdefault(name, []).extend(runs)
+        for name, runs in ((out.get("peer") or {}).get("results") or {}).items():
+            peer.setdefault(name, []).extend(runs)
+    return results, (peer or None)
+
+
 def print_table(rows: Sequence[tuple[str, str, str, str]], peer: bool) -> None:
     width = max(len(r[0]) for r in rows)
     head = "torchft (this run)  dd_queue ÷ torchft" if peer else "torchft (anchor)"
@@ -1442,7 +1474,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the peer's venv (created when missing; default .bench/torchft-0.2.0)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="FILE",
+        help="run nothing: print one table of earlier --json outputs, as repetitions",
+    )
     args = p.parse_args(argv)
+    if args.combine:
+        try:
+            results, peer = combine_outputs([Path(f) for f in args.combine])
+        except (OSError, ValueError) as exc:
+            p.error(str(exc))
+        print_table(summarize(results, peer), peer is not None)
+        n = max((len(v) for v in results.values()), default=0)
+        print(f"({n} repetition(s) from {len(args.combine)} invocation(s))")
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "bench": "resilience",
+                        "combined": args.combine,
+                        "results": results,
+                        "peer": {"results": peer},
+                    },
+                    default=_jsonable,
+                )
+            )
+        return 0
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:

@@ -159,3 +159,36 @@ def test_the_table_puts_the_peer_beside_us_with_ratios_and_na_where_it_has_no_pa
     assert rows["redis kill -9 + AOF restart: back → merge, s"] == ("7.00", "n/a", "")
     anchor = {r[0]: r[2] for r in br.summarize(ours)}  # no peer: the anchor's figure
     assert anchor["steady: learners, steps/s each"] == "2.89"
+
+
+# ── --combine: earlier invocations' JSON outputs as repetitions of one table ───────────────
+def _output(path: Path, seed: int, goodput: float, peer: float | None) -> Path:
+    import json
+
+    out = {
+        "settings": {"h": 20, "layers": 4, "width": 192, "batch": 16, "seed": seed},
+        "results": {"chaos-decoupled": [{"goodput": goodput}]},
+        "peer": {"results": {"chaos-decoupled": [{"goodput": peer}]} if peer else None},
+    }
+    path.write_text("a table line\n" + json.dumps(out) + "\nrc=0\n")
+    return path
+
+
+def test_combine_concatenates_runs_of_every_output_in_order(tmp_path: Path) -> None:
+    a = _output(tmp_path / "a.out", 0, 0.7, 0.6)
+    b = _output(tmp_path / "b.out", 0, 0.8, 0.5)
+    results, peer = br.combine_outputs([a, b])
+    assert [r["goodput"] for r in results["chaos-decoupled"]] == [0.7, 0.8]
+    assert peer is not None and [r["goodput"] for r in peer["chaos-decoupled"]] == [0.6, 0.5]
+    _, none = br.combine_outputs([_output(tmp_path / "c.out", 0, 0.7, None)])
+    assert none is None
+
+
+def test_combine_refuses_other_settings_and_files_without_a_summary(tmp_path: Path) -> None:
+    a = _output(tmp_path / "a.out", 0, 0.7, 0.6)
+    b = _output(tmp_path / "b.out", 1, 0.8, 0.5)
+    with pytest.raises(ValueError, match=r"settings differ.*seed"):
+        br.combine_outputs([a, b])
+    (tmp_path / "log").write_text("no json here\n")
+    with pytest.raises(ValueError, match="no JSON summary"):
+        br.combine_outputs([tmp_path / "log"])
