@@ -61,15 +61,16 @@ installed the bench says why and runs our side. Without it, the table quotes the
 anchor's figures (``../shared/anchors/torchft/``, measured on this machine kind).
 
 * ``chaos``: a seeded schedule (``bench/chaos_schedule.py``: 20 learner kills, 5 synchronizer
-  kills, 10 stalls and 6 2× slowdowns over ``--chaos-s`` = 600 s, all by signal; kills
-  relaunched at once), run twice on the same schedule: ``decoupled`` (the config's K = 1 +
+  kills, 10 stalls and 6 2× slowdowns over ``--chaos-s`` = 600 s (the stalls and slowdowns scale
+  with ``--chaos-s``; the kills are ``--chaos-kills``, ``--chaos-sync-kills``), all by signal;
+  kills relaunched at once), run twice on the same schedule: ``decoupled`` (the config's K = 1 +
   grace) and ``synchronous`` (K = M = 2). Reported: goodput (useful steps ÷ what the plain pair
   computes in the same time), uptime, kills survived, unexpected exits, windows of two round
-  times without a merge, the exactly-once audit, and the held-out loss (``eval.done`` every
-  20 s) at equal wall time and at equal tokens computed. With ``--peer torchft`` the same
-  schedule runs a third time on torchft (``peer_torchft.chaos``: replica kills, its lighthouse
-  killed and restarted at the synchronizer kills' times, the same signals), whose replicas save
-  the global model after a commit every 20 s for the same held-out scoring afterwards.
+  times without a merge, the exactly-once audit, and the held-out loss (``eval.done`` every 20
+  s) at equal wall time and at equal tokens computed. With ``--peer torchft`` the same schedule
+  runs a third time on torchft (``peer_torchft.chaos``: replica kills, its lighthouse killed and
+  restarted at the synchronizer kills' times, the same signals), whose replicas save the global
+  model after a commit every 20 s for the same held-out scoring afterwards.
 ``--json`` prints one JSON object as the last line.
 """
 

@@ -55,15 +55,16 @@ def plan_chaos(
     *,
     learner_kills: int = 20,
     sync_kills: int = 5,
-    stalls: int = 10,
-    slowdowns: int = 6,
+    stalls: int | None = None,
+    slowdowns: int | None = None,
     stall_s: float = 3.0,
     slow_s: float = 20.0,
     factor: float = 2.0,
     min_gap_s: float = 15.0,
     margin_s: float = 20.0,
 ) -> tuple[ChaosEvent, ...]:
-    """The schedule, in time order: a pure function of its arguments.
+    """The schedule, in time order: a pure function of its arguments. ``stalls`` and
+    ``slowdowns`` default to 10 and 6 per 600 s of ``duration_s`` (at least one each).
 
     Raises:
         ValueError: No learner, or the kills cannot be spaced ``min_gap_s`` apart in the run.
@@ -89,6 +90,9 @@ def plan_chaos(
         ChaosEvent(t, "sync-kill", "synchronizer")
         for t in _spaced(rng, sync_kills, lo, hi, 4 * min_gap_s)
     ]
+    per_600 = duration_s / 600.0
+    stalls = max(1, round(10 * per_600)) if stalls is None else stalls
+    slowdowns = max(1, round(6 * per_600)) if slowdowns is None else slowdowns
     timed: tuple[tuple[Kind, int, float, float], ...] = (
         ("stall", stalls, stall_s, 1.0),
         ("slow", slowdowns, slow_s, factor),

@@ -44,6 +44,17 @@ def test_a_schedule_is_a_function_of_its_seed_and_spaces_its_kills(
     assert abs(count["kill"] - 2 * sum(e.target == "L0" for e in plan if e.kind == "kill")) <= 1
 
 
+def test_stalls_and_slowdowns_scale_with_the_run_unless_given() -> None:
+    def counts(duration: float, **kw: int) -> tuple[int, int]:
+        plan = ch.plan_chaos(0, duration, ["L0", "L1"], learner_kills=4, sync_kills=1, **kw)
+        return sum(e.kind == "stall" for e in plan), sum(e.kind == "slow" for e in plan)
+
+    assert counts(600) == (10, 6)
+    assert counts(1200) == (20, 12)
+    assert counts(120) == (2, 1)  # 10 and 6 per 600 s, at least one each
+    assert counts(120, stalls=0, slowdowns=3) == (0, 3)
+
+
 def test_a_schedule_that_cannot_fit_says_why() -> None:
     with pytest.raises(ValueError, match="do not fit"):
         ch.plan_chaos(0, 100, ["L0"], learner_kills=10)
