@@ -1427,6 +1427,34 @@ def combine_outputs(
     return results, (peer or None)
 
 
+def combine(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    """``--combine``: the table (and with ``--json`` its object) of earlier outputs."""
+    try:
+        results, peer = combine_outputs([Path(f) for f in args.combine])
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    rows = summarize(results, peer)
+    print_table(rows, peer is not None)
+    n = max((len(v) for v in results.values()), default=0)
+    print(f"({n} repetition(s) from {len(args.combine)} invocation(s))")
+    if args.json:
+        summary = {
+            "bench": "resilience",
+            "combined": args.combine,
+            "results": results,
+            "peer": {"results": peer},
+            "table": table_json(rows, peer is not None),
+        }
+        print(json.dumps(summary, default=_jsonable))
+    return 0
+
+
+def table_json(rows: Sequence[tuple[str, str, str, str]], peer: bool) -> list[dict[str, Any]]:
+    """The table's rows as the ``--json`` object holds them."""
+    column = "torchft" if peer else "torchft_anchor"
+    return [{"measurement": a, "dd_queue": b, column: c, "ratio": d or None} for a, b, c, d in rows]
+
+
 def print_table(rows: Sequence[tuple[str, str, str, str]], peer: bool) -> None:
     width = max(len(r[0]) for r in rows)
     head = "torchft (this run)  dd_queue ÷ torchft" if peer else "torchft (anchor)"
@@ -1483,26 +1511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.combine:
-        try:
-            results, peer = combine_outputs([Path(f) for f in args.combine])
-        except (OSError, ValueError) as exc:
-            p.error(str(exc))
-        print_table(summarize(results, peer), peer is not None)
-        n = max((len(v) for v in results.values()), default=0)
-        print(f"({n} repetition(s) from {len(args.combine)} invocation(s))")
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "bench": "resilience",
-                        "combined": args.combine,
-                        "results": results,
-                        "peer": {"results": peer},
-                    },
-                    default=_jsonable,
-                )
-            )
-        return 0
+        return combine(args, p)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
@@ -1536,17 +1545,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         kept = work if args.work else "removed"
         print(f"({args.repeat} repetition(s), {time.time() - started:.0f} s; logs: {kept})")
         if args.json:
-            column = "torchft" if peer_py is not None else "torchft_anchor"
             summary = {
                 "bench": "resilience",
                 "date": time.strftime("%Y-%m-%d"),
                 "settings": {k: v for k, v in vars(args).items() if k != "json"},
                 "results": results,
                 "peer": {"name": args.peer, "status": peer_why, "results": peer},
-                "table": [
-                    {"measurement": a, "dd_queue": b, column: c, "ratio": d or None}
-                    for a, b, c, d in rows
-                ],
+                "table": table_json(rows, peer_py is not None),
                 "torchft_anchor": TORCHFT,
             }
             print(json.dumps(summary, default=_jsonable))
