@@ -36,7 +36,7 @@ import redis
 
 from dd_queue.auth import Auth
 from dd_queue.bus import Bus, RedisBus, ops
-from dd_queue.bus._redis_conn import RedisOptions, client_kwargs, redact_url
+from dd_queue.bus._redis_conn import RedisOptions, client_kwargs, redact_url, seed_url
 from dd_queue.clock import Clock, SystemClock
 from dd_queue.config import CONFIG_HELP, DDQConfig, load_config
 from dd_queue.errors import DDQError, NotReady, exit_code
@@ -73,7 +73,7 @@ class Stop(Protocol):
 
 def _redis_missing(url: str, options: RedisOptions) -> str | None:
     client = redis.Redis.from_url(
-        url,
+        seed_url(url),  # a cluster: its first seed node
         socket_connect_timeout=_PROBE_TIMEOUT_S,
         socket_timeout=_PROBE_TIMEOUT_S,
         **client_kwargs(url, options),

@@ -13,6 +13,11 @@ lost), and a retried ``XREADGROUP >`` may leave an entry pending unseen: consume
 reclaim loop picks such entries up. The fenced commit is retried safely: its script leaves a
 marker and replays the first result (see ``_scripts``).
 
+On a Redis Cluster (``redis+cluster://host:port[,host:port…]``, ``rediss+cluster://`` for TLS)
+each client is a redis-py ``RedisCluster``: it follows MOVED/ASK redirects and refreshes its slot
+map after a connection error, and the same bounded retry also covers the replies of a cluster in
+the middle of a failover (``CLUSTERDOWN``, ``TRYAGAIN``, a slot with no master yet).
+
 Not retried: a full connection pool ("Too many connections": the server is fine, this process
 uses more connections than ``max_connections``), and anything after :meth:`Connections.close`.
 """
@@ -25,12 +30,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
+import redis.exceptions as rexc
 from pydantic import SecretStr
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import PythonRespSerializer
 from redis.retry import Retry
 
@@ -48,7 +55,77 @@ T = TypeVar("T")
 log = logging.getLogger("dd_queue.bus")
 
 _BLOCK_MARGIN_MS = 1000
-_RETRYABLE = (redis.ConnectionError, redis.TimeoutError, builtins.TimeoutError)
+_RETRYABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    builtins.TimeoutError,
+    # a Redis Cluster between a master's failure and its replica's promotion:
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.SlotNotCoveredError,
+    rexc.RedisClusterUnreachableError,
+)
+Client = redis.Redis | RedisCluster
+"""A client of one server, or of a Redis Cluster (the same commands; keys route by slot)."""
+
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSeeds:
+    """What a ``redis+cluster://`` URL names: seed nodes (any one suffices), the user name and
+    whether the nodes speak TLS."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    tls: bool
+
+
+def cluster_seeds(url: str) -> ClusterSeeds | None:
+    """The seeds of a cluster URL (``redis+cluster://[user@]host:port[,host:port…][/0]``), or
+    None for a URL of one server.
+
+    Raises:
+        ConfigError: A malformed cluster URL, or one naming a database other than 0 (a
+            cluster has only database 0).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in _CLUSTER_SCHEMES:
+        return None
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    nodes: list[tuple[str, int]] = []
+    for spec in hosts.split(","):
+        host, sep, port = spec.strip().rpartition(":")
+        if not (sep and host and port.isdecimal() and 0 < int(port) < 65536):
+            raise ConfigError(
+                f"redis URL {redact_url(url)}: seed {spec!r} is not host:port; write "
+                "redis+cluster://host:port[,host:port...]"
+            )
+        nodes.append((host.strip("[]"), int(port)))
+    if parts.path not in ("", "/", "/0") or parts.query:
+        raise ConfigError(
+            f"redis URL {redact_url(url)}: a Redis Cluster has only database 0 and takes no "
+            "options in the URL; drop the path and the query"
+        )
+    username = unquote(userinfo.partition(":")[0]) or None if userinfo else None
+    return ClusterSeeds(tuple(nodes), username, _CLUSTER_SCHEMES[parts.scheme] == "rediss")
+
+
+def is_cluster_url(url: str) -> bool:
+    """``url`` names a Redis Cluster (``redis+cluster://`` or ``rediss+cluster://``)."""
+    return urlsplit(url).scheme in _CLUSTER_SCHEMES
+
+
+def seed_url(url: str) -> str:
+    """A ``redis://`` (``rediss://``) URL of the first seed of a cluster URL, with its user name:
+    what a plain client pings to see whether the cluster is up. Other URLs come back as they are.
+    """
+    seeds = cluster_seeds(url)
+    if seeds is None:
+        return url
+    host, port = seeds.nodes[0]
+    user = f"{seeds.username}@" if seeds.username else ""
+    return f"{'rediss' if seeds.tls else 'redis'}://{user}{host}:{port}/0"
 
 
 class BusAddress(NamedTuple):
@@ -144,11 +221,11 @@ def client_kwargs(url: str, options: RedisOptions) -> dict[str, object]:
     """
     secret = None if options.password is None else options.password.get_secret_value()
     kwargs: dict[str, object] = {"password": secret}
-    tls = urlsplit(url).scheme == "rediss"
+    tls = urlsplit(url).scheme in ("rediss", "rediss+cluster")
     if options.tls_given and not tls:
         raise ConfigError(
             f"redis tls_* files are set but the URL {redact_url(url)} is not rediss://; "
-            "use rediss://host:port/db for TLS"
+            "use rediss://host:port/db (or rediss+cluster://host:port,...) for TLS"
         )
     if tls:
         kwargs.update(
@@ -184,10 +261,9 @@ def split_password(url: str) -> tuple[str, str | None]:
 def redact_url(url: str) -> str:
     """``url`` without user name and password, for messages and logs."""
     parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
+    if "@" not in parts.netloc:
         return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    netloc = parts.netloc.rpartition("@")[2]  # host:port, or a cluster's host:port,host:port
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
@@ -209,19 +285,59 @@ def bus_error(exc: redis.ResponseError, what: str) -> BusError:
 
 def _client(
     url: str, socket_timeout_s: float, options: RedisOptions, name: str, **extra: object
-) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=options.connect_timeout_s,
-        socket_keepalive=True,
-        retry=Retry(NoBackoff(), 0),  # Connections.call owns retrying (bounded in time)
-        health_check_interval=options.health_check_interval_s,
-        max_connections=options.max_connections,
-        client_name=f"ddq-{name}",
+) -> Client:
+    common: dict[str, object] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": options.connect_timeout_s,
+        "socket_keepalive": True,
+        "retry": Retry(NoBackoff(), 0),  # Connections.call owns retrying (bounded in time)
+        "health_check_interval": options.health_check_interval_s,
+        "max_connections": options.max_connections,  # on a cluster: per node
+        "client_name": f"ddq-{name}",
         **client_kwargs(url, options),
         **extra,
-    )
+    }
+    seeds = cluster_seeds(url)
+    if seeds is None:
+        return redis.Redis.from_url(url, **common)
+    return _cluster_client(seeds, options, common)
+
+
+def _cluster_client(
+    seeds: ClusterSeeds, options: RedisOptions, common: dict[str, object]
+) -> RedisCluster:
+    """A ``RedisCluster`` (it reads the slot map at once): a cluster that is not reachable yet
+    is retried for ``unavailable_after_s``, as every call is, then ``BusUnavailable``."""
+    startup = [ClusterNode(host, port) for host, port in seeds.nodes]  # type: ignore[no-untyped-call]
+    kwargs: dict[str, Any] = {**common, "username": seeds.username}
+    if seeds.tls:
+        kwargs["ssl"] = True
+    deadline = time.monotonic() + options.unavailable_after_s
+    delay = options.retry_base_s
+    while True:
+        try:
+            return RedisCluster(startup_nodes=startup, **kwargs)
+        except _RETRYABLE as exc:
+            if time.monotonic() >= deadline:
+                where = ",".join(f"{h}:{p}" for h, p in seeds.nodes)
+                raise BusUnavailable(
+                    f"Redis Cluster at {where} unreachable for {options.unavailable_after_s} s "
+                    f"({exc}); check that its nodes run and the URL names at least one"
+                ) from exc
+            log.warning("bus.cluster.connecting %s", exc)
+            time.sleep(delay)
+            delay = min(options.retry_cap_s, delay * 2)
+
+
+def pools(client: Client) -> list[redis.ConnectionPool]:
+    """The connection pools behind ``client`` (one per node on a cluster)."""
+    if isinstance(client, RedisCluster):
+        return [
+            n.redis_connection.connection_pool
+            for n in client.get_nodes()  # type: ignore[no-untyped-call]
+            if n.redis_connection
+        ]
+    return [client.connection_pool]
 
 
 def _zero_copy_packer() -> PythonRespSerializer:
@@ -260,10 +376,10 @@ class Connections:
     def __init__(
         self,
         *,
-        control: redis.Redis,
-        reader: redis.Redis,
-        blobs: redis.Redis,
-        heartbeat: redis.Redis,
+        control: Client,
+        reader: Client,
+        blobs: Client,
+        heartbeat: Client,
         options: RedisOptions,
         where: str,
     ) -> None:
@@ -271,6 +387,7 @@ class Connections:
         self._options = options
         self._where = where
         self._closed = False
+        self.cluster = isinstance(control, RedisCluster)
         self._retry = Retry(
             ExponentialWithJitterBackoff(cap=options.retry_cap_s, base=options.retry_base_s),
             retries=-1,  # unbounded count; the time bound is enforced in `call`
@@ -372,7 +489,8 @@ class Connections:
                 seen.add(id(client))
                 try:
                     client.close()
-                    client.connection_pool.disconnect(inuse_connections=True)
+                    for pool in pools(client):
+                        pool.disconnect(inuse_connections=True)
                 except (OSError, ValueError, redis.RedisError) as exc:  # best effort
                     # (fakeredis cannot shut down a socket another thread is reading from;
                     # that reader then stops at its next BLOCK split, within max_block_ms)

@@ -156,3 +156,13 @@ def memory_info(raw: object) -> MemoryInfo:
         used_bytes=as_int(raw["used_memory"], "INFO memory"),
         max_bytes=as_int(raw.get("maxmemory", 0), "INFO memory"),
     )
+
+
+def fullest_memory_info(raw: object) -> MemoryInfo:
+    """INFO memory of every master of a cluster (node → reply) → the fullest master's: the
+    one nearest its ``maxmemory`` (or using most, where no master has a limit)."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise _unexpected("INFO memory (cluster)", raw)
+    infos = [memory_info(reply) for reply in raw.values()]
+    return max(infos, key=lambda m: (m.used_bytes / m.max_bytes if m.max_bytes else 0.0,
+                                     m.used_bytes))  # fmt: skip

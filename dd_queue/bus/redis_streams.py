@@ -27,6 +27,10 @@ Facts that shape it (measured in research/redis-pipeline.md):
   holder can never overwrite what the current holder committed. A chunk that is already there
   with the same bytes is our own retried write and counts as written.
 * Arguments are checked before anything is sent, with the same errors as ``MemoryBus``.
+* On a Redis Cluster (``redis+cluster://``) every command names keys of one slot: each fragment's
+  keys share a hash tag, pipelines are split by node, multi-key deletes are one ``UNLINK`` a key.
+  A group read over streams of several slots reads every slot at once (``_fanout``); a lease
+  name must carry a hash tag, so the lease, its fence and its commits stay on one slot.
 """
 
 from __future__ import annotations
@@ -38,10 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
+from redis.crc import key_slot
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
 from dd_queue.bus import _chunks, _replies, _scripts
+from dd_queue.bus._fanout import FanOut
 from dd_queue.bus._redis_conn import BusAddress, Connections, RedisOptions
 from dd_queue.bus._values import (
     check_counts,
@@ -78,13 +85,14 @@ from dd_queue.bus.types import (
     Reclaimed,
 )
 from dd_queue.clock import Clock, SystemClock
-from dd_queue.errors import BusError, LeaseLost, NoGroup
+from dd_queue.errors import BusError, InvalidArgument, LeaseLost, NoGroup
 from dd_queue.keys import (
     Keys,
     blob_chunk_key,
     check_name,
     commit_marker_key,
     fence_key,
+    hash_tag,
     names_fencing_token,
 )
 
@@ -98,7 +106,8 @@ class RedisBus:
     """The bus on a Redis server.
 
     Args:
-        url: ``redis://host:port/db`` of a Redis >= 7.0 or Valkey server.
+        url: ``redis://host:port/db`` of a Redis >= 7.0 or Valkey server, or
+            ``redis+cluster://host:port[,host:port…]`` of a Redis (Valkey) Cluster.
         run_id: Namespace for ``keys``.
         options: Timeouts, retry bound and chunk size (defaults: :class:`RedisOptions`).
         clock: Local clock for lease expiry estimates (default: monotonic system clock).
@@ -160,6 +169,7 @@ class RedisBus:
         self._conn = conns
         self._options = options
         self._clock: Clock = clock or SystemClock()
+        self._fanout: FanOut[Entry] = FanOut()
         control, beat = conns.control, conns.heartbeat
         self._acquire_script: Script = control.register_script(_scripts.ACQUIRE_LEASE)
         self._renew_script: Script = control.register_script(_scripts.RENEW_LEASE)
@@ -184,6 +194,11 @@ class RedisBus:
     @property
     def address(self) -> BusAddress | None:
         return None if self._url is None else BusAddress(self._url, self.options)
+
+    @property
+    def cluster(self) -> bool:
+        """The server is a Redis Cluster (keys route by slot)."""
+        return self._conn.cluster
 
     @property
     def url(self) -> str | None:
@@ -286,6 +301,31 @@ class RedisBus:
         block_ms: int | None = None,
     ) -> list[Entry]:
         names = [streams] if isinstance(streams, str) else list(streams)
+        by_slot = self._by_slot(names)
+        if len(by_slot) == 1:
+            return self._read_group_once(names, group, consumer, count, block_ms)
+        parts = [
+            (
+                (group, consumer, *slot_names),
+                lambda block, n=slot_names: self._read_group_once(n, group, consumer, count, block),
+            )
+            for slot_names in by_slot
+        ]
+        return self._fanout.read(parts, block_ms)
+
+    def _by_slot(self, names: list[str]) -> list[list[str]]:
+        """``names`` grouped by Cluster slot (one group when the server is not a cluster)."""
+        if not self._conn.cluster:
+            return [names]
+        groups: dict[int, list[str]] = {}
+        for name in names:
+            groups.setdefault(key_slot(name.encode()), []).append(name)
+        return list(groups.values())
+
+    def _read_group_once(
+        self, names: list[str], group: str, consumer: str, count: int, block_ms: int | None
+    ) -> list[Entry]:
+        """One ``XREADGROUP`` over streams of one slot (split into BLOCKs of max_block_ms)."""
         wanted: dict[KeyT, StreamIdT] = dict.fromkeys(names, ">")
 
         def once(block: int | None) -> list[Entry]:
@@ -563,6 +603,12 @@ class RedisBus:
     # ── leases and fenced commits ─────────────────────────────────────────────────────────
     def acquire_lease(self, name: str, owner: str, *, ttl_s: float) -> Lease | None:
         check_key("lease name", name)
+        if self._conn.cluster and hash_tag(name) is None:
+            raise InvalidArgument(
+                f"lease name {name!r} has no hash tag: on a Redis Cluster the lease, its fence "
+                "and its commits must share one slot; name it like 'ddq:run:{tag}:lease' "
+                "(dd_queue.keys.Keys.lease does)"
+            )
         px_ms, sent_s, nonce = ttl_ms(ttl_s), self._clock.now(), secrets.token_hex(8)
         raw = self._conn.call(
             "acquire_lease",
@@ -632,8 +678,15 @@ class RedisBus:
         )
 
     def memory_info(self) -> MemoryInfo | None:
+        control = self._conn.control
         try:
-            raw = self._conn.call("info memory", lambda: self._conn.control.info("memory"))
+            if isinstance(control, RedisCluster):  # every master: the fullest one is the limit
+                raw = self._conn.call(
+                    "info memory",
+                    lambda: control.info("memory", target_nodes=RedisCluster.PRIMARIES),
+                )
+                return _replies.fullest_memory_info(raw)
+            raw = self._conn.call("info memory", lambda: control.info("memory"))
         except BusError as exc:
             if "unknown command" in str(exc):  # a server without INFO (fakeredis)
                 return None
@@ -641,7 +694,15 @@ class RedisBus:
         return _replies.memory_info(raw)
 
     def server_time_s(self) -> float:
-        raw = _replies.as_list(self._conn.call("time", lambda: self._conn.heartbeat.time()))
+        beat = self._conn.heartbeat
+
+        def ask() -> object:
+            if isinstance(beat, RedisCluster):  # the clock heartbeats are stamped with
+                node = beat.get_node_from_key(self._keys.heartbeat_seen())  # type: ignore[no-untyped-call]
+                return beat.time(target_nodes=node)
+            return beat.time()
+
+        raw = _replies.as_list(self._conn.call("time", ask))
         return _replies.as_int(raw[0]) + _replies.as_int(raw[1]) / 1e6
 
     def heartbeat(self, member: str, payload: bytes, *, ttl_s: float) -> None:
@@ -679,6 +740,7 @@ class RedisBus:
 
     # ── closing ───────────────────────────────────────────────────────────────────────────
     def close(self) -> None:
+        self._fanout.close()
         self._conn.close()
 
 

