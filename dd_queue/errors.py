@@ -105,6 +105,12 @@ class BusUnavailable(BusError):
     """Redis could not be reached within the bounded retry time; check the server and the URL."""
 
 
+class NotReplicated(BusError):
+    """A fenced commit that ``redis.commit_replicas`` replicas did not confirm in time (or whose
+    connection broke on the way): it may or may not survive a failover, so the caller rebuilds
+    from what Redis holds instead of counting it as done."""
+
+
 class LeaseLost(BusError):
     """The caller's lease (and fencing token) is no longer current; another owner took over."""
 
@@ -166,6 +172,7 @@ __all__ = [
     "NonFiniteValues",
     "NotFound",
     "NotReady",
+    "NotReplicated",
     "PayloadTooLarge",
     "ProtocolError",
     "Refused",

@@ -10,13 +10,16 @@ up, so a test never races the cluster's own start.
         bus = RedisBus(cluster.url, "run")
 
 Failures are real: :meth:`kill` sends SIGKILL to a node, :meth:`planned_failover` runs
-``CLUSTER FAILOVER`` on a replica, and :meth:`wait_promoted` waits until a replica took over.
+``CLUSTER FAILOVER`` on a replica, :meth:`cut_off` makes a replica miss its master's writes
+(SIGSTOP, and its link dropped), and :meth:`wait_promoted` waits until a replica took over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -29,6 +32,13 @@ from tests.redisproc import RedisProcess
 
 NODE_TIMEOUT_MS = 2000
 """``cluster-node-timeout``: a master silent this long is failed over (the default is 15 s)."""
+
+
+_NODE_ARGS = (
+    "--cluster-enabled", "yes",
+    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+    "--cluster-require-full-coverage", "yes",
+)  # fmt: skip
 
 
 def redis_cli_path() -> str | None:
@@ -82,14 +92,7 @@ class LocalCluster:
         self.nodes = [
             RedisProcess(
                 port=port,
-                extra_args=(
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    str(NODE_TIMEOUT_MS),
-                    "--cluster-require-full-coverage",
-                    "yes",
-                ),
+                extra_args=_NODE_ARGS,
             )
             for port in ports
         ]
@@ -126,7 +129,8 @@ class LocalCluster:
 
     def client(self, port: int, **kwargs: object) -> redis.Redis:
         """A plain (non-cluster) client of one node."""
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=2.0, **kwargs)  # type: ignore[arg-type]
+        options: dict[str, object] = {"socket_timeout": 2.0, **kwargs}
+        return redis.Redis(host="127.0.0.1", port=port, **options)  # type: ignore[arg-type]
 
     def _ask(self, port: int, fn: object) -> object:
         client = self.client(port)
@@ -198,6 +202,26 @@ class LocalCluster:
     def kill(self, port: int) -> None:
         """SIGKILL one node (its data and ``nodes.conf`` stay for a restart)."""
         self.node(port).kill()
+
+    def cut_off(self, replica_port: int, master_port: int) -> None:
+        """Make a replica miss its master's writes: SIGSTOP it, then drop its link on the master
+        (``CLIENT KILL TYPE replica``); the master goes on answering writes that no replica
+        has. :meth:`thaw` lets the replica run again."""
+        pid = self.node(replica_port).pid
+        assert pid is not None, f"{replica_port} is not running"
+        os.kill(pid, signal.SIGSTOP)
+        self._ask(master_port, lambda c: c.execute_command("CLIENT", "KILL", "TYPE", "replica"))
+
+    def thaw(self, port: int) -> None:
+        """SIGCONT a node stopped by :meth:`cut_off`."""
+        pid = self.node(port).pid
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+
+    def replicas_connected(self, master_port: int) -> int:
+        """``connected_slaves`` of a master (``INFO replication``)."""
+        info = self._ask(master_port, lambda c: c.info("replication"))
+        return int(info.get("connected_slaves", 0))  # type: ignore[union-attr]
 
     def planned_failover(self, replica_port: int) -> None:
         """``CLUSTER FAILOVER`` on a replica: it takes over from its master without loss."""

@@ -68,6 +68,7 @@ _RETRYABLE = (
 Client = redis.Redis | RedisCluster
 """A client of one server, or of a Redis Cluster (the same commands; keys route by slot)."""
 
+_REFRESH_EVERY_S = 0.5
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
@@ -164,6 +165,10 @@ class RedisOptions:
         tls_key_file: The client certificate's private key (PEM). Only its path is held here:
             the key itself is read by the TLS library, never by dd_queue.
         tls_check_hostname: Check that the server's certificate names the URL's host.
+        commit_replicas: A fenced commit counts as done only once this many replicas
+            acknowledged it (``WAIT``, on the commit's own connection); 0: the master's reply.
+        commit_wait_ms: Longest ``WAIT`` for them; short of it the commit raises
+            ``NotReplicated``.
     """
 
     socket_timeout_s: float = 10.0
@@ -182,6 +187,8 @@ class RedisOptions:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_check_hostname: bool = True
+    commit_replicas: int = 0
+    commit_wait_ms: int = 1000
 
     @property
     def tls_given(self) -> bool:
@@ -194,6 +201,8 @@ class RedisOptions:
                      "retry_cap_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ConfigError(f"redis {name} must be > 0, got {getattr(self, name)}")
+        if self.commit_replicas < 0 or self.commit_wait_ms < 1:
+            raise ConfigError("redis commit_replicas must be >= 0 and commit_wait_ms >= 1")
         if self.max_block_ms < 1 or self.blob_chunk_bytes < 1 or self.max_connections < 4:
             raise ConfigError(
                 "redis max_block_ms and blob_chunk_bytes must be >= 1 and max_connections >= 4"
@@ -388,6 +397,7 @@ class Connections:
         self._where = where
         self._closed = False
         self.cluster = isinstance(control, RedisCluster)
+        self._refreshed_at = float("-inf")
         self._retry = Retry(
             ExponentialWithJitterBackoff(cap=options.retry_cap_s, base=options.retry_base_s),
             retries=-1,  # unbounded count; the time bound is enforced in `call`
@@ -444,6 +454,7 @@ class Connections:
                     "raise redis.max_connections or use fewer threads per bus"
                 ) from error
             now = time.monotonic()
+            self._refresh_slot_maps(now)
             if first_failure_s is None:
                 first_failure_s = now
                 log.warning("bus.reconnecting %s: %s", what, error, extra=self._extra(what))
@@ -470,6 +481,28 @@ class Connections:
             log.info("bus.reconnected %s", what, extra=self._extra(what))
         return result
 
+    def _refresh_slot_maps(self, now: float) -> None:
+        """After a failed call on a cluster, re-read every client's slot map (at most every
+        ``_REFRESH_EVERY_S``): redis-py asks for a refresh after some failures but not all
+        (a blocking ``XREADGROUP`` to a killed master kept failing for as long as we retried),
+        and a promoted replica must be found by every client. A cluster still electing a
+        master answers with a slot map it cannot use: kept, tried again next time."""
+        if not self.cluster or now - self._refreshed_at < _REFRESH_EVERY_S:
+            return
+        self._refreshed_at = now
+        for client in self._distinct():
+            if isinstance(client, RedisCluster):
+                try:
+                    client.nodes_manager.initialize()
+                except (redis.RedisError, rexc.RedisClusterException) as exc:
+                    log.debug("bus.cluster.refresh %s", exc)
+
+    def _distinct(self) -> list[Client]:
+        seen: dict[int, Client] = {}
+        for client in (self.control, self.reader, self.blobs, self.heartbeat):
+            seen.setdefault(id(client), client)
+        return list(seen.values())
+
     def _extra(self, what: str) -> dict[str, dict[str, str]]:
         return {"ddq": {"op": what, "server": self._where}}
 
@@ -483,15 +516,12 @@ class Connections:
         self._disconnect_all()
 
     def _disconnect_all(self) -> None:
-        seen: set[int] = set()
-        for client in (self.control, self.reader, self.blobs, self.heartbeat):
-            if id(client) not in seen:
-                seen.add(id(client))
-                try:
-                    client.close()
-                    for pool in pools(client):
-                        pool.disconnect(inuse_connections=True)
-                except (OSError, ValueError, redis.RedisError) as exc:  # best effort
-                    # (fakeredis cannot shut down a socket another thread is reading from;
-                    # that reader then stops at its next BLOCK split, within max_block_ms)
-                    log.debug("bus.close %s", exc)
+        for client in self._distinct():
+            try:
+                client.close()
+                for pool in pools(client):
+                    pool.disconnect(inuse_connections=True)
+            except (OSError, ValueError, redis.RedisError) as exc:  # best effort
+                # (fakeredis cannot shut down a socket another thread is reading from;
+                # that reader then stops at its next BLOCK split, within max_block_ms)
+                log.debug("bus.close %s", exc)

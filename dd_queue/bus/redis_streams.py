@@ -35,6 +35,7 @@ Facts that shape it (measured in research/redis-pipeline.md):
 
 from __future__ import annotations
 
+import builtins
 import logging
 import secrets
 import time
@@ -42,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import redis
+import redis.exceptions as rexc
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.crc import key_slot
@@ -85,7 +87,7 @@ from dd_queue.bus.types import (
     Reclaimed,
 )
 from dd_queue.clock import Clock, SystemClock
-from dd_queue.errors import BusError, InvalidArgument, LeaseLost, NoGroup
+from dd_queue.errors import BusError, InvalidArgument, LeaseLost, NoGroup, NotReplicated
 from dd_queue.keys import (
     Keys,
     blob_chunk_key,
@@ -100,6 +102,15 @@ T = TypeVar("T")
 log = logging.getLogger("dd_queue.bus")
 
 _PENDING_PAGE = 100
+_NODE_FAILED = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    builtins.TimeoutError,
+    rexc.MovedError,  # (and AskError, its base) the slot moved: a failover happened
+    rexc.AskError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+)
 
 
 class RedisBus:
@@ -645,7 +656,10 @@ class RedisBus:
         steps = primitive_ops(ops)
         check_same_slot(lease.name, [key for op in steps for key in commit_keys(op)])
         keys, args = _commit_args(lease, marker, steps)
-        raw = self._conn.call("commit", lambda: self._commit_script(keys=keys, args=args))
+        if self._options.commit_replicas:
+            raw = self._conn.call("commit", lambda: self._commit_replicated(lease, keys, args))
+        else:
+            raw = self._conn.call("commit", lambda: self._commit_script(keys=keys, args=args))
         ids, acked, replayed = _replies.as_list(raw, "commit")
         result = CommitResult(
             tuple(_replies.as_str(i) for i in _replies.as_list(ids)),
@@ -655,6 +669,52 @@ class RedisBus:
         if result.replayed:
             log.info("bus.commit.replayed %s %s", lease.name, commit_id)
         return result
+
+    def _commit_replicated(self, lease: Lease, keys: list[str], args: list[EncodableT]) -> object:
+        """The commit script, then ``WAIT commit_replicas commit_wait_ms``, in one pipeline on
+        one connection of the lease's node (``WAIT`` counts that connection's writes).
+
+        Never retried here: a commit whose connection broke, or that fewer replicas confirmed,
+        may be lost in a failover, or (retried on a promoted replica) applied to an older state.
+        ``NotReplicated`` tells the caller to rebuild from what Redis holds (the synchronizer
+        does, as after any bus error).
+
+        Raises:
+            NotReplicated: Fewer replicas confirmed in time, or the node failed on the way.
+        """
+        want, wait_ms = self._options.commit_replicas, self._options.commit_wait_ms
+        control = self._conn.control
+        node = control
+        try:
+            if isinstance(control, RedisCluster):
+                owner = control.get_node_from_key(lease.name)  # type: ignore[no-untyped-call]
+                node = control.get_redis_connection(owner)
+            with node.pipeline(transaction=False) as pipe:
+                self._commit_script(keys=keys, args=args, client=pipe)
+                pipe.execute_command("WAIT", want, wait_ms)
+                raw, confirmed = pipe.execute()
+        except _NODE_FAILED as exc:
+            self._refresh_slots()
+            raise NotReplicated(
+                f"commit under {lease.name!r} not confirmed: the node failed on the way ({exc}); "
+                "it may be lost in a failover: rebuild from what Redis holds"
+            ) from exc
+        if _replies.as_int(confirmed) < want:
+            raise NotReplicated(
+                f"commit under {lease.name!r} confirmed by {_replies.as_int(confirmed)} of "
+                f"{want} replicas within {wait_ms} ms (redis.commit_replicas); it may be lost "
+                "in a failover: rebuild from what Redis holds"
+            )
+        return raw
+
+    def _refresh_slots(self) -> None:
+        """Re-read a cluster's slot map (a failover may have moved the lease's slot)."""
+        control = self._conn.control
+        if isinstance(control, RedisCluster):
+            try:
+                control.nodes_manager.initialize()
+            except (redis.RedisError, rexc.RedisClusterException) as exc:
+                log.warning("bus.cluster.refresh_failed %s", exc)
 
     # ── heartbeats (own connection) ───────────────────────────────────────────────────────
     def add_counts(self, key: str, increments: Mapping[str, int]) -> None:

@@ -205,6 +205,15 @@ class RedisConfig(_Section):
     stream_maxlen: int = Field(
         10_000, ge=16, description="Approximate length cap of every stream (MAXLEN ~)."
     )
+    commit_replicas: int = Field(
+        0,
+        ge=0,
+        description="A fenced commit counts only once this many replicas hold it (WAIT); "
+        "0 = the master's reply suffices.",
+    )
+    commit_wait_ms: int = Field(
+        1000, ge=1, description="Longest WAIT for commit_replicas before the commit is failed."
+    )
 
     @model_validator(mode="before")
     @classmethod
