@@ -210,6 +210,11 @@ class Bus(Protocol):
         (MemoryBus) or it has no ``INFO`` (fakeredis)."""
         ...
 
+    def shard_of(self, key: str) -> str | None:
+        """The Redis Cluster master that serves ``key`` now (``host:port``); None on a single
+        server or in memory (one shard)."""
+        ...
+
     # ── blobs ─────────────────────────────────────────────────────────────────────────────
     def put_blob(self, key: str, data: BlobData, *, ttl_s: float | None) -> BlobRef:
         """Store a payload under ``key`` in chunks of ≤ ``blob_chunk_bytes``, each with expiry

@@ -320,6 +320,9 @@ class MemoryBus:
     def memory_info(self) -> MemoryInfo | None:
         return None
 
+    def shard_of(self, key: str) -> str | None:
+        return None
+
     # ── blobs ─────────────────────────────────────────────────────────────────────────────
     def put_blob(self, key: str, data: BlobData, *, ttl_s: float | None) -> BlobRef:
         check_key("blob key", key)

@@ -753,6 +753,13 @@ class RedisBus:
             raise
         return _replies.memory_info(raw)
 
+    def shard_of(self, key: str) -> str | None:
+        control = self._conn.control
+        if not isinstance(control, RedisCluster):
+            return None
+        node = control.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return str(node.name)
+
     def server_time_s(self) -> float:
         beat = self._conn.heartbeat
 

@@ -615,6 +615,11 @@ class SynchronizerConfig(_Section):
     max_fragments: int = Field(
         0, ge=0, description="Most fragments one synchronizer owns (0 = all it can take)."
     )
+    share: Literal["greedy", "fair"] = Field(
+        "greedy",
+        description="greedy: take every free fragment (a second synchronizer stands by); fair: "
+        "deal the shards among the live synchronizers, each taking and keeping its own.",
+    )
     eval_interval_s: float = Field(
         60.0, gt=0, description="Seconds between evaluations of the global model (evaluator)."
     )

@@ -39,6 +39,7 @@ class Learners:
         self._ctx = ctx
         self.live: frozenset[str] = frozenset()
         self.statuses: tuple[Liveness, ...] = ()
+        self.peers: frozenset[str] = frozenset()  # other synchronizers with a fresh heartbeat
         self.step = Ema()
         self.next_at = float("-inf")
 
@@ -56,6 +57,8 @@ class Learners:
         self.next_at = now + ctx.cfg.membership.heartbeat_interval_s
         ctx.flush_refusals()
         beats: dict[str, Beat] = {}
+        peers: set[str] = set()
+        fresh_s = 3 * ctx.cfg.membership.heartbeat_interval_s  # a stale peer is gone (sharing)
         for member, info in ctx.bus.heartbeats().items():
             try:
                 hb = ops.read_heartbeat(
@@ -64,6 +67,8 @@ class Learners:
             except ProtocolError as exc:  # not a member of ours: never counted as a learner
                 ctx.refused("heartbeat", member, exc)
                 continue
+            if hb.role == "synchronizer" and hb.member_id != ctx.owner and info.age_s <= fresh_s:
+                peers.add(hb.member_id)
             if hb.role == "learner":
                 step = hb.step_time_ema_s if hb.step_time_ema_s else None
                 beats[hb.member_id] = Beat(
@@ -74,6 +79,7 @@ class Learners:
         if change.joined or change.left:
             log.info("learners.changed %s", change.reason)
         self.statuses, self.live = statuses, live_learners(statuses)
+        self.peers = frozenset(peers)
         steps = [b.step_time_s for b in beats.values() if b.learner_id in self.live]
         known = [s for s in steps if s is not None]
         if known:

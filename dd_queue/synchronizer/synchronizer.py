@@ -46,6 +46,7 @@ from dd_queue.config import DDQConfig
 from dd_queue.core.fragments import FragmentPlan
 from dd_queue.core.policy import decide
 from dd_queue.core.schedule import RoundOpening, next_round
+from dd_queue.core.sharing import Ownership, plan_ownership
 from dd_queue.errors import BlobMissing, BusError, ConfigError, LeaseLost, ProtocolError
 from dd_queue.faults import FaultInjector
 from dd_queue.keys import check_name
@@ -140,6 +141,7 @@ class Synchronizer:
         self._timers = {"acquire": 0.0, "beat": 0.0, "reclaim": 0.0}
         self._offline_until = float("-inf")
         self._unreadable: dict[int, float] = {}  # fragment → when to try loading it again
+        self._dealt: Ownership | None = None  # the last deal of fragments (share: fair)
         self.rounds_merged = 0
         if fetch_processes is None:  # they need the bus's address, and pay only over a network
             reachable = bus.remote and bus.address is not None and available()
@@ -181,6 +183,9 @@ class Synchronizer:
             since_s = max(0.0, ctx.wall() - latest.opened_at_s)
             self._pace = (latest.round_id, now - since_s)
         self._commands = Commands(ctx)
+        if ctx.sync.share == "fair":  # see the peers first, and let them see us
+            self._learners.refresh(now)
+            self._beat(now)
         self._acquire_free(now)
         self._arrays = None  # only needed while creating the run
         self._learners.refresh(now)
@@ -304,11 +309,17 @@ class Synchronizer:
 
     def _acquire_free(self, now: float) -> None:
         ctx, limit = self.ctx, self.ctx.sync.max_fragments or self.ctx.sync.n_fragments
+        ownership = self._ownership()
+        mine = None if ownership is None else ownership.mine(ctx.owner)
+        if ownership is not None:
+            self._release_foreign(ownership)
         for p in range(ctx.sync.n_fragments):
             if len(self.fragments) >= limit:
                 return
             if p in self.fragments or now < self._unreadable.get(p, float("-inf")):
                 continue
+            if mine is not None and p not in mine:
+                continue  # a live peer's (synchronizer.share: fair)
             if (lease := recovery.acquire(ctx, p)) is None:
                 continue
             try:
@@ -317,6 +328,45 @@ class Synchronizer:
                 self._drop(p, str(exc))
             except (ProtocolError, BlobMissing) as exc:  # bad data is never a crash
                 self._skip_unreadable(p, lease, now, exc)
+
+    def _ownership(self) -> Ownership | None:
+        """Who should own which fragment (``synchronizer.share: fair``; None when greedy),
+        logged and shown as an event whenever the deal changes."""
+        ctx = self.ctx
+        if ctx.sync.share != "fair":
+            return None
+        bus = ctx.bus
+        shards = {
+            p: bus.shard_of(bus.keys.state(p)) or f"fragment {p}"
+            for p in range(ctx.sync.n_fragments)
+        }
+        ownership = plan_ownership(shards, ctx.owner, self._learners.peers)
+        if self._dealt is None or self._dealt.owner_of != ownership.owner_of:
+            mine = sorted(ownership.mine(ctx.owner))
+            why = f"{ownership.reason}; {ctx.owner} owns {mine}"
+            log.info("ownership.dealt %s", why)
+            ctx.emit("ownership.dealt", why)
+        self._dealt = ownership
+        return ownership
+
+    def _release_foreign(self, ownership: Ownership) -> None:
+        """Hand one fragment that a live peer should own back to it (its lease released, so
+        the peer takes it at once); only between rounds' merges (nothing held)."""
+        ctx = self.ctx
+        for p, rt in list(self.fragments.items()):
+            peer = ownership.owner_of[p]
+            if peer == ctx.owner or rt.held:
+                continue
+            self.fragments.pop(p)
+            self.contributions.forget(ctx.bus.keys.up(p))
+            try:
+                ctx.bus.release_lease(rt.lease)
+            except BusError as exc:  # it expires instead: the peer takes it after the TTL
+                log.warning("lease.release_failed fragment %d: %s", p, exc)
+            why = f"fragment {p} handed to {peer}: {ownership.reason}"
+            log.info("ownership.released %s", why)
+            ctx.emit("ownership.released", why, fragment=p)
+            return
 
     def _skip_unreadable(self, p: int, lease: Lease, now: float, exc: Exception) -> None:
         """A fragment whose state or Θ (no kept version at all) cannot be read: leave it, with

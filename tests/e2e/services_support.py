@@ -68,13 +68,16 @@ class Services:
         learner_id: str = "L0",
         env: dict[str, str] | None = None,
         wrap: Sequence[str] = (),
+        name: str | None = None,
+        extra: Sequence[str] = (),
     ) -> str:
         """Start one service (``env``: more variables for it alone; ``wrap``: a command line
-        prefix, e.g. ``ip netns exec <ns>``); returns its name (the learner id for learners)."""
-        name = learner_id if role == "learner" else role
+        prefix, e.g. ``ip netns exec <ns>``; ``extra``: more arguments, ``name`` then names it,
+        e.g. a second synchronizer); returns its name (the learner id for learners)."""
+        name = name or (learner_id if role == "learner" else role)
         with (self.dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(
-                [*wrap, *self.argv(role, learner_id)],
+                [*wrap, *self.argv(role, learner_id), *extra],
                 cwd=ROOT,
                 env={**self.env, **(env or {})},
                 stdout=out,

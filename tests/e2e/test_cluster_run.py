@@ -1,11 +1,20 @@
-"""A run on a real Redis Cluster (3 masters + 3 replicas): the services as separate ``ddq``
-processes (synchronizer, evaluator, control plane, 3 learners) given only a
-``redis+cluster://`` URL. Rounds merge with every learner's contributions, and the fragments'
-keys really sit on all three masters: each master's own keyspace (asked without the cluster
-client) holds the state of the fragments the key-to-slot map puts there."""
+"""Runs on a real Redis Cluster (3 masters + 3 replicas), the services as separate ``ddq``
+processes given only a ``redis+cluster://`` URL.
+
+One synchronizer, evaluator, control plane and 3 learners: rounds merge with every learner's
+contributions, and the fragments' keys really sit on all three masters (each master's own
+keyspace, asked without the cluster client, holds the state of the fragments the key-to-slot map
+puts there).
+
+Two synchronizers sharing the run (``synchronizer.share: fair``): each owns whole shards; after
+kill -9 of one, the other owns every fragment within the lease TTL + 2 s (from the kill to its
+last lease acquisition, in its log) and merges go on."""
 
 from __future__ import annotations
 
+import re
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -61,6 +70,77 @@ def test_services_train_on_a_cluster_with_fragments_on_every_master(tmp_path: Pa
                             assert f"fragment {k}" in held[owner], (moved.value, held)
                 finally:
                     client.close()
+        finally:
+            services.close()
+    assert services.exit_codes == dict.fromkeys(services.procs, 0), services.logs()
+
+
+LEASE_TTL_S = 2.0  # write_config's synchronizer.lease_ttl_s
+_ACQUIRED = re.compile(r"^(\S+ \S+) INFO .*lease\.acquired fragment (\d+) token", re.M)
+
+
+def _owners(services: Services) -> dict[str, set[int]]:
+    """Synchronizer id → the fragments its last heartbeat says it owns (control plane)."""
+    return {
+        s["synchronizer_id"]: {int(p) for p in s["fragments"]}
+        for s in services.state()["synchronizers"]
+        if s["heartbeat_age_s"] < 1.0
+    }
+
+
+def test_two_synchronizers_split_the_shards_and_one_takes_all_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    require_redis_server()
+    require(redis_cli_path(), "redis-cli", "apt-get install redis-tools")
+    with LocalCluster() as cluster:
+        services = Services(tmp_path, cluster.url, run_id=RUN)
+        services.env["DDQ__SYNCHRONIZER__N_FRAGMENTS"] = str(FRAGMENTS)
+        services.env["DDQ__SYNCHRONIZER__SHARE"] = "fair"
+        services.env["DDQ__MEMBERSHIP__EXPECTED_LEARNERS"] = str(len(LEARNERS))
+        try:
+            for sid in ("sync-a", "sync-b"):
+                services.start("synchronizer", name=sid, extra=["--id", sid])
+            services.start("evaluator")
+            services.start("control")
+            for learner in LEARNERS:
+                services.start("learner", learner)
+
+            def split() -> dict[str, set[int]] | None:
+                owners = _owners(services)
+                mine = [owners.get(sid, set()) for sid in ("sync-a", "sync-b")]
+                whole = all(mine) and sorted(mine[0] | mine[1]) == list(range(FRAGMENTS))
+                return owners if whole and not mine[0] & mine[1] else None
+
+            owners = services.wait_for(split, 120, "both synchronizers owning fragments")
+            shard = {p: cluster.master_of_key(Keys(RUN).state(p)) for p in range(FRAGMENTS)}
+            for fragments in owners.values():  # each owns whole shards: its own masters
+                mine = {shard[p] for p in fragments}
+                assert all(shard[p] not in mine for p in set(range(FRAGMENTS)) - fragments)
+            services.wait_for(lambda: services.merging(LEARNERS), 300, "merges, two syncs")
+
+            orphans = owners["sync-a"]
+            services.procs["sync-a"].kill()  # kill -9
+            killed_at = time.time()
+            services.procs["sync-a"].wait()
+            del services.procs["sync-a"]
+            services.wait_for(
+                lambda: _owners(services).get("sync-b") == set(range(FRAGMENTS)),
+                60,
+                "sync-b owning every fragment",
+            )
+            taken = {
+                int(p): datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                for at, p in _ACQUIRED.findall(services.log("sync-b"))
+            }
+            took_s = max(taken[p] for p in orphans) - killed_at
+            assert took_s <= LEASE_TTL_S + 2.0, f"took {took_s:.2f} s"
+            merged = services.state()["rounds_merged"]
+            services.wait_for(
+                lambda: services.state()["rounds_merged"] >= merged + 2 * FRAGMENTS,
+                120,
+                "merges after the takeover",
+            )
         finally:
             services.close()
     assert services.exit_codes == dict.fromkeys(services.procs, 0), services.logs()
