@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dd_queue.config import CONFIG_HELP, load_config
-from dd_queue.keys import check_name
+from dd_queue.keys import Keys, check_name
 
 __all__ = ["Grant", "Role", "aclfile", "register", "roles"]
 
@@ -106,10 +106,12 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
     """
     run = check_name("run_id", run_id)
     prefix = check_name("prefix", prefix or run)
-    p = f"ddq:{run}:"
+    p, keys = f"ddq:{run}:", Keys(run)
     frag = f"{p}{{{run}.f*}}:"
-    beats = Grant(f"~{p}{{{run}.hb}}:*", "heartbeat keys (its own beat; everyone's liveness)")
-    events = Grant(f"~{p}events", "the run's event log (dashboard)")
+    beats = Grant(
+        f"~{keys.heartbeat_pattern()}", "heartbeat keys (its own beat; everyone's liveness)"
+    )
+    events = Grant(f"~{keys.events()}", "the run's event log (dashboard)")
     read_globals = [
         Grant(f"%R~{frag}global:*", "global fragments Θ_p (payload and chunks)"),
         Grant(f"%R~{frag}state", "fragment state: the current version and its blob"),
@@ -120,7 +122,7 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
         lid = check_name("learner_id", learner)
         grants = [
             *read_globals,
-            Grant(f"%R~{p}open", "round openings (when to contribute)"),
+            Grant(f"%R~{keys.opened_rounds()}", "round openings (when to contribute)"),
             Grant(f"%R~{p}control:{lid}", "its own fault commands"),
             Grant(f"%R~{p}control:all", "fault commands for every member"),
             Grant(f"%W~{frag}up", "append contributions (metadata entries)"),
@@ -146,7 +148,7 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
             f"{prefix}-synchronizer",
             (
                 Grant(f"~{frag}*", "every key of the run's fragments: leases, commits, blobs"),
-                Grant(f"~{p}open", "round openings"),
+                Grant(f"~{keys.opened_rounds()}", "round openings"),
                 Grant(f"%R~{p}control:*", "fault commands (synchronizer, all)"),
                 beats,
                 events,

@@ -5,7 +5,14 @@ the fragment, ``{<run_id>.f<k>}``, so they share one slot: a round's fenced comm
 script) and the dead-letter move touch only those keys and stay single-shard on a Cluster. Only
 the first ``{...}`` of a key counts as its tag, so the run id alone is never braced (that would
 put a whole run on one shard). Run-wide keys that a script writes together (heartbeats) share the
-tag ``{<run_id>.hb}``.
+tag ``{<run_id>.hb…}``.
+
+The run-wide streams are placed away from fragment 0: the heartbeats (tag ``{R.hb}``, or
+``{R.hb<n>}``) and the round openings (``ddq:R:open``, or ``ddq:R:{R.op<n>}:open``) hash to the
+third of the slots after fragment 0's, the events (``ddq:R:events``, or
+``ddq:R:{R.ev<n>}:events``) to the third after that, with the smallest ``n`` that lands there
+(the plain name where it already does). On a cluster of 3 masters (an even split), a third is a
+master, so fragment 0's master never carries them all. ``ddq slots`` shows where each lands.
 
 Key table (``R`` = run id, ``k`` = fragment id, ``F`` = ``ddq:R:{R.fk}:``):
 
@@ -34,12 +41,12 @@ key                                    type    written by         content
 ``F lease:fence``                      string  lease acquire      last fencing token handed out
 ``F lease:commit:<commit id>``         string  fenced commit      result of a commit, for replay
                                                                   of a retried one (``PX``)
-``ddq:R:{R.hb}:seen``                  zset    every process      member → last beat (server ms)
-``ddq:R:{R.hb}:expiry``                zset    every process      member → expiry (server ms)
-``ddq:R:{R.hb}:data``                  hash    every process      member → heartbeat payload
+``ddq:R:{R.hb…}:seen``                 zset    every process      member → last beat (server ms)
+``ddq:R:{R.hb…}:expiry``               zset    every process      member → expiry (server ms)
+``ddq:R:{R.hb…}:data``                 hash    every process      member → heartbeat payload
 ``ddq:R:control:<target>``             stream  control plane      fault / operator commands
-``ddq:R:events``                       stream  everyone           dashboard event log
-``ddq:R:open``                         stream  synchronizer       round openings (learners follow)
+``ddq:R:[{R.ev<n>}:]events``           stream  everyone           dashboard event log
+``ddq:R:[{R.op<n>}:]open``             stream  synchronizer       round openings (learners follow)
 =====================================  ======  =================  ==================================
 
 Group name: ``synchronizers`` (:data:`SYNC_GROUP`) on every ``up`` stream.
@@ -57,6 +64,8 @@ counter, as long as the server's clock does not step back.
 from __future__ import annotations
 
 import re
+
+from redis.crc import key_slot
 
 from dd_queue.errors import ConfigError
 
@@ -152,11 +161,27 @@ class Keys:
         ConfigError: ``run_id`` is not a safe identifier.
     """
 
-    __slots__ = ("prefix", "run_id")
+    __slots__ = ("_events", "_hb_tag", "_open", "prefix", "run_id")
 
     def __init__(self, run_id: str) -> None:
         self.run_id = check_name("run_id", run_id)
         self.prefix = f"ddq:{run_id}:"
+        # The run-wide streams, placed away from fragment 0's third of the slots (see
+        # _spread): heartbeats and openings in the next third, events in the one after.
+        home = _third(self.fragment_tag(0))
+        self._hb_tag = _spread(
+            ["{" + f"{run_id}.hb{n or ''}" + "}" for n in range(_TRIES)], (home + 1) % 3
+        )
+        self._events = _spread(
+            [f"{self.prefix}events"]
+            + [f"{self.prefix}" + "{" + f"{run_id}.ev{n}" + "}:events" for n in range(1, _TRIES)],
+            (home + 2) % 3,
+        )
+        self._open = _spread(
+            [f"{self.prefix}open"]
+            + [f"{self.prefix}" + "{" + f"{run_id}.op{n}" + "}:open" for n in range(1, _TRIES)],
+            (home + 1) % 3,
+        )
 
     def __repr__(self) -> str:
         return f"Keys({self.run_id!r})"
@@ -230,7 +255,11 @@ class Keys:
 
     # ── run-wide ────────────────────────────────────────────────────────────────────────────
     def _heartbeat(self, suffix: str) -> str:
-        return f"{self.prefix}" + "{" + f"{self.run_id}.hb" + "}" + f":{suffix}"
+        return f"{self.prefix}{self._hb_tag}:{suffix}"
+
+    def heartbeat_pattern(self) -> str:
+        """Glob of every heartbeat key (for ACL key patterns)."""
+        return self._heartbeat("*")
 
     def heartbeat_seen(self) -> str:
         """Sorted set: member → server time of its last heartbeat (ms)."""
@@ -250,17 +279,37 @@ class Keys:
 
     def events(self) -> str:
         """Run-wide event stream shown on the dashboard."""
-        return f"{self.prefix}events"
+        return self._events
 
     def opened_rounds(self) -> str:
         """Run-wide stream of round openings ``{fragment_id, round_id, opened_at_s}``."""
-        return f"{self.prefix}open"
+        return self._open
 
     def counts(self, name: str) -> str:
         """Run-wide hash of counters kept across restarts: ``faults`` (sent, by kind),
         ``refused`` (messages refused, by ``reader|kind|reason``), ``tokens`` (the learners' token
         counts, by ``learner|kind``)."""
         return f"{self.prefix}counts:{check_name('counts name', name)}"
+
+
+_TRIES = 64
+_SLOTS = 16384
+
+
+def _third(key: str) -> int:
+    """Which third of the Cluster's slots ``key`` hashes to (0, 1 or 2)."""
+    return key_slot(key.encode()) * 3 // _SLOTS
+
+
+def _spread(candidates: list[str], third: int) -> str:
+    """The first candidate name that hashes to ``third`` (the first one when none does).
+
+    A cluster made by ``redis-cli --cluster create`` with 3 masters (or 3 × n) splits the slots
+    evenly, so a third is a master: the run-wide streams then never share fragment 0's
+    master. The first candidate is the name the key had before it was placed, kept where it
+    already fits; on other splits the names still spread like any hash.
+    """
+    return next((c for c in candidates if _third(c) == third), candidates[0])
 
 
 def names_fencing_token(key: str) -> bool:

@@ -2,9 +2,9 @@
 it, given the nodes' slot ranges (pure: no server).
 
 Each fragment's keys share one hash tag (``{<run>.f<k>}``), so a fragment is one slot. The
-heartbeat keys share ``{<run>.hb}``. The other run-wide keys (events, round openings, control
-streams, counters) carry no tag, so each hashes by its whole name: they land on slots of their
-own, spread like any other keys, not on fragment 0's shard.
+heartbeats, round openings and events are placed away from fragment 0's third of the slots
+(``dd_queue.keys``: on 3 masters, never on fragment 0's master); the control streams and
+counters hash by their whole names, like any other keys.
 """
 
 from __future__ import annotations

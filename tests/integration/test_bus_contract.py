@@ -1171,9 +1171,11 @@ def test_keys_share_one_hash_tag_per_fragment_and_validate_ids() -> None:
     assert all(key.startswith("ddq:run-1:{run-1.f3}:") for key in fragment)
     assert hash_tag(k.up(4)) == "run-1.f4"
     beats = {k.heartbeat_seen(), k.heartbeat_expiry(), k.heartbeat_data()}
-    assert {hash_tag(key) for key in beats} == {"run-1.hb"}
-    assert k.control("L0") == "ddq:run-1:control:L0" and k.events() == "ddq:run-1:events"
-    assert hash_tag(k.events()) is None
+    (tag,) = {hash_tag(key) for key in beats}  # one slot: the heartbeat scripts touch all three
+    assert tag is not None and tag.startswith("run-1.hb")
+    assert k.control("L0") == "ddq:run-1:control:L0"
+    assert k.events().startswith("ddq:run-1:") and k.events().endswith("events")
+    assert k.opened_rounds().startswith("ddq:run-1:") and k.opened_rounds().endswith("open")
     for bad in ("", "a{b}", "a:b", "a b", "-x", "x" * 65, "L0\n", "run\n", "a\nb"):
         with pytest.raises(ConfigError):
             Keys(bad)
