@@ -3,6 +3,7 @@
     python bench/bench_synchronizer.py                    # M = 16, P = 24, 1M-element int8, ~60 s
     python bench/bench_synchronizer.py --seconds 10 --learners 4 --fragments 4
     python bench/bench_synchronizer.py --json             # last line: one JSON object
+    python bench/bench_synchronizer.py --cluster --synchronizers 3   # on a Redis Cluster
 
 Against a redis-server this script starts on a free loopback port (no persistence):
 
@@ -28,6 +29,13 @@ buffer (``warm_malloc``): glibc then serves the 1 MB buffers of payloads from it
 mapping fresh, page-faulting memory for each, as it does in any process that has handled large
 arrays already. Without it a fresh producer process moves ~200 MB/s instead of ~450 (measured),
 which would flatter the ratio.
+
+``--cluster`` runs ours on a local Redis Cluster (3 masters + 3 replicas, ``tests/rediscluster``)
+instead, with ``--synchronizers N`` synchronizer processes sharing the fragments
+(``synchronizer.share: fair``: each owns whole shards), and ``--commit-replicas`` for the
+durability switch (every commit waits for that many replicas). raw stays on a single
+redis-server: the same baseline. CPU is then reported per MB merged (ms/MB) by role, so the cost
+on machines with more cores can be computed from it.
 
 Payload MB/s = contribution payload bytes merged (or moved, for raw) ÷ wall time. Latency of a
 round: from its quorum (when the M-th contribution was admitted; the round record's
@@ -59,6 +67,7 @@ from dd_queue.config import DDQConfig, validate_config
 from dd_queue.core.codec import CodecSpec, EncodedTensor, TensorHeader, encode
 from dd_queue.messages import Contribution, GlobalFragment, RoundOpen, RoundRecord
 from dd_queue.synchronizer import ArraySource, Synchronizer
+from tests.rediscluster import LocalCluster
 from tests.redisproc import RedisProcess
 
 MB = 1e6
@@ -75,7 +84,11 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
     return validate_config(
         {
             "run": {"run_id": "bench", "log_level": "WARNING"},
-            "redis": {"url": url, "stream_maxlen": 100_000},
+            "redis": {
+                "url": url,
+                "stream_maxlen": 100_000,
+                "commit_replicas": getattr(args, "commit_replicas", 0),
+            },
             "wire": {"codec": args.codec},
             "synchronizer": {
                 "n_fragments": args.fragments,
@@ -87,6 +100,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
                 "lease_ttl_s": 30.0,
                 "fetch_processes": args.fetch_processes,
                 "merge_threads": args.merge_threads,
+                "share": "fair" if getattr(args, "synchronizers", 1) > 1 else "greedy",
             },
             "membership": {"expected_learners": args.learners},
             "auth": {"keys_dir": getattr(args, "keys_dir", None)},
@@ -164,8 +178,10 @@ def machine_ticks() -> tuple[int, int, int]:
     return sum(values[:8]), values[3] + values[4], values[7]
 
 
-def fetch_children() -> list[int]:
-    """Process ids of this process's fetch processes (``dd_queue.synchronizer.fetchers``)."""
+def fetch_children(parent: int | None = None) -> list[int]:
+    """Process ids of the fetch processes (``dd_queue.synchronizer.fetchers``) of ``parent``
+    (default: this process)."""
+    parent = os.getpid() if parent is None else parent
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -173,7 +189,7 @@ def fetch_children() -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue  # gone meanwhile
-        if ppid == os.getpid() and b"dd_queue.synchronizer.fetchers" in cmdline:
+        if ppid == parent and b"dd_queue.synchronizer.fetchers" in cmdline:
             pids.append(int(stat.parent.name))
     return pids
 
@@ -185,6 +201,7 @@ class CpuMeter:
     def __init__(self, roles: dict[str, list[int]]) -> None:
         self.roles = roles
         self._start = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+        self.started_s = dict(self._start)
         self._machine = machine_ticks()
 
     def stop(self, rounds: int) -> dict[str, float]:
@@ -202,49 +219,98 @@ class CpuMeter:
         }
 
 
-def run_ours(url: str, args: argparse.Namespace, redis_pid: int) -> dict[str, Any]:
-    cfg = config(url, args)
+def bench_source(args: argparse.Namespace) -> ArraySource:
     rng = np.random.default_rng(0)
-    source = ArraySource(
+    return ArraySource(
         {
             f"block{p}.w": rng.standard_normal(args.elements).astype(np.float32) * 0.02
             for p in range(args.fragments)
         },
         origin="bench",
     )
+
+
+def sync_main(url: str, args: argparse.Namespace, sid: str, ready: Any, stop: Any) -> None:
+    """One synchronizer process (``--synchronizers`` > 1): pump until ``stop``."""
+    warm_malloc()
+    logging.basicConfig(level=logging.WARNING)
+    cfg = config(url, args)
+    bus = RedisBus(url, "bench", options=cfg.redis.options())
+    sync = Synchronizer(
+        cfg, bus=bus, clock=SystemClock(), source=bench_source(args), synchronizer_id=sid
+    )
+    sync.start()
+    ready.set()
+    while not stop.is_set():
+        sync.pump(block_ms=50)
+    sync.close()
+    bus.close()
+
+
+def run_ours(url: str, args: argparse.Namespace, redis_pids: list[int]) -> dict[str, Any]:
+    cfg = config(url, args)
+    rng = np.random.default_rng(0)
+    rng.standard_normal(args.elements * args.fragments)  # the source's draws (same payloads)
     spec = CodecSpec(args.codec, block_size=256)
     payloads = [
         encode((rng.standard_normal(args.elements) * 1e-3).astype(np.float32), spec)
         for _ in range(args.learners)
     ]
     bus = RedisBus(url, "bench", options=cfg.redis.options())
-    sync = Synchronizer(cfg, bus=bus, clock=SystemClock(), source=source)
-    sync.start()
     spawn = mp.get_context("spawn")
     ready, stop = spawn.Event(), spawn.Event()
+    n_syncs = getattr(args, "synchronizers", 1)
+    sync, syncs = None, []
+    if n_syncs == 1:  # in this process, as always
+        sync = Synchronizer(cfg, bus=bus, clock=SystemClock(), source=bench_source(args))
+        sync.start()
+    else:
+        for i in range(n_syncs):
+            up = spawn.Event()
+            proc = spawn.Process(target=sync_main, args=(url, args, f"sync-{i}", up, stop))
+            proc.start()
+            if not up.wait(120):
+                raise RuntimeError(f"synchronizer process {i} did not start")
+            syncs.append(proc)
     parts = [(p.header, bytes(p.payload)) for p in payloads]
     learners = spawn.Process(target=learners_main, args=(url, args, parts, ready, stop))
     learners.start()
     if not ready.wait(60):
         raise RuntimeError("the learners' process did not start")
     assert learners.pid is not None
+    sync_pids = [os.getpid()] if sync is not None else [p.pid for p in syncs if p.pid]
     roles = {
-        "synchronizer": [os.getpid()],
-        "fetch_processes": fetch_children(),
-        "redis_server": [redis_pid],
+        "synchronizer": sync_pids,
+        "fetch_processes": [c for pid in sync_pids for c in fetch_children(pid)],
+        "redis_server": redis_pids,
         "learners": [learners.pid],
     }
+    bytes_before = merged_payload_bytes(bus, cfg)
     meter = CpuMeter(roles)
     started = time.perf_counter()
     while time.perf_counter() - started < args.seconds:
-        sync.pump(block_ms=50)
+        if sync is not None:
+            sync.pump(block_ms=50)
+        else:
+            time.sleep(0.05)
     elapsed = time.perf_counter() - started
+    merged_bytes = merged_payload_bytes(bus, cfg) - bytes_before
+    cpu_s = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
     rounds, latencies = merged_rounds(bus, cfg)
     cpu = meter.stop(len(rounds))
+    cpu_ms_per_mb = {
+        role: 1000 * (cpu_s[role] - meter.started_s[role]) / max(merged_bytes / MB, 1e-9)
+        for role in roles
+    }
     stop.set()
     learners.join(30)
-    merged_bytes = sum(bus_state_counter(bus, cfg, p, "bytes_in") for p in range(args.fragments))
-    sync.close()
+    for proc in syncs:
+        proc.join(60)
+        if proc.is_alive():  # never outlive the bench's servers
+            proc.terminate()
+            proc.join(10)
+    if sync is not None:
+        sync.close()
     bus.close()
     return {
         "rounds": len(rounds),
@@ -255,7 +321,19 @@ def run_ours(url: str, args: argparse.Namespace, redis_pid: int) -> dict[str, An
         "latency_p99_ms": float(np.percentile(latencies, 99)) if latencies else float("nan"),
         "payload_mb_per_round": args.learners * payloads[0].payload.nbytes / MB,
         "cpu_ms_per_round": cpu,
+        "cpu_ms_per_mb": cpu_ms_per_mb,
+        "synchronizers": n_syncs,
     }
+
+
+def merged_payload_bytes(bus: RedisBus, cfg: DDQConfig) -> int:
+    """Contribution payload bytes merged so far, over every fragment (their states' counters;
+    0 for a fragment not created yet)."""
+    total = 0
+    for p in range(cfg.synchronizer.n_fragments):
+        if bus.get(bus.keys.state(p)) is not None:
+            total += bus_state_counter(bus, cfg, p, "bytes_in")
+    return total
 
 
 def bus_state_counter(bus: RedisBus, cfg: DDQConfig, p: int, name: str) -> int:
@@ -365,9 +443,31 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run ours again with signed messages (dd_queue.auth) and report the cost",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run ours on a local Redis Cluster (3 masters + 3 replicas); raw stays on one server",
+    )
+    parser.add_argument(
+        "--synchronizers",
+        type=int,
+        default=1,
+        help="synchronizer processes sharing the fragments (share: fair; default %(default)s, "
+        "in this process)",
+    )
+    parser.add_argument(
+        "--commit-replicas",
+        type=int,
+        default=0,
+        help="redis.commit_replicas: every commit waits for this many replicas (--cluster)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     args.keys_dir = None
+    if args.synchronizers < 1 or (args.signed and args.synchronizers > 1):
+        parser.error("--synchronizers must be >= 1 (and 1 with --signed)")
+    if args.commit_replicas and not args.cluster:
+        parser.error("--commit-replicas needs --cluster (the bench's single server has no replica)")
     logging.basicConfig(level=logging.WARNING)
     warm_malloc()
     wall = time.perf_counter()
@@ -380,7 +480,19 @@ def main(argv: list[str] | None = None) -> int:
         n_raw = args.raw_payloads
         assert server.pid is not None
         raw_before, cpu_before = run_raw(server.url, payload, n_raw, "a", server.pid, args.learners)
-        ours = run_ours(server.url, args, server.pid)
+        if args.cluster:
+            with LocalCluster() as cluster:
+                pids = [n.pid for n in cluster.nodes if n.pid is not None]
+                ours = run_ours(cluster.url, args, pids)
+                ours["slot_spread"] = {
+                    str(m.port): sum(
+                        cluster.master_of_key(f"ddq:bench:{{bench.f{p}}}:state") == m.port
+                        for p in range(args.fragments)
+                    )
+                    for m in cluster.masters()
+                }
+        else:
+            ours = run_ours(server.url, args, [server.pid])
         signed = None
         if args.signed:
             flush = server.client()
@@ -389,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as keys:
                 write_keys(Path(keys), "bench", principals([f"L{m}" for m in range(args.learners)]))
                 signed = run_ours(
-                    server.url, argparse.Namespace(**{**vars(args), "keys_dir": keys}), server.pid
+                    server.url, argparse.Namespace(**{**vars(args), "keys_dir": keys}), [server.pid]
                 )
         raw_after, cpu_after = run_raw(server.url, payload, n_raw, "b", server.pid, args.learners)
     raw = max(raw_before, raw_after)
@@ -399,7 +511,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"redis-server {version}; M={args.learners} P={args.fragments} ", end="")
     print(f"{args.elements:,} elements/fragment, {args.codec}, ", end="")
     print(f"{args.fetch_processes} fetch processes, {args.merge_threads} merge threads; ", end="")
-    print(f"raw: {n_raw} payloads a run; {took:.0f} s\n")
+    print(f"raw: {n_raw} payloads a run; {took:.0f} s")
+    if args.cluster:
+        print(
+            f"ours on a Redis Cluster (3 masters + 3 replicas; fragments per master "
+            f"{ours['slot_spread']}), {args.synchronizers} synchronizer(s), "
+            f"commit_replicas {args.commit_replicas}"
+        )
+    print()
     print("| rounds | rounds/s | quorum→published p50 / p99 ms | payload MB/s | raw MB/s ", end="")
     print("| ratio | target |")
     print("|---:|---:|---:|---:|---:|---:|---|")
@@ -435,6 +554,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['cpu_ms_per_round']['fetch_processes']:.1f} |"
             )
         print(f"\nsigned ÷ unsigned payload MB/s: {cost:.2f}")
+    per_mb = ours["cpu_ms_per_mb"]
+    print("\nCPU ms per MB of contribution payload merged, by role\n")
+    print("| synchronizer(s) | fetch processes | redis-server(s) | learners |")
+    print("|---:|---:|---:|---:|")
+    print(
+        f"| {per_mb['synchronizer']:.2f} | {per_mb['fetch_processes']:.2f} | "
+        f"{per_mb['redis_server']:.2f} | {per_mb['learners']:.2f} |"
+    )
     print(f"\nraw, CPU ms per {args.learners} payloads (the better raw run)\n")
     print("| consumer | producer | redis-server | total | idle | steal |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -462,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
                     "merge_threads": args.merge_threads,
                     "raw_payloads": n_raw,
                     "signed": signed,
+                    "cluster": args.cluster,
+                    "commit_replicas": args.commit_replicas,
                     "signed_ratio": signed["payload_mb_s"] / ours["payload_mb_s"]
                     if signed
                     else None,

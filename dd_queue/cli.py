@@ -30,6 +30,7 @@ from dd_queue.errors import DDQError, exit_code
 COMMAND_MODULES: tuple[str, ...] = (
     "dd_queue.acl",
     "dd_queue.auth",
+    "dd_queue.bus.cli",
     "dd_queue.control.cli",
     "dd_queue.data.cli",
     "dd_queue.learner.cli",

@@ -760,6 +760,20 @@ class RedisBus:
         node = control.get_node_from_key(key)  # type: ignore[no-untyped-call]
         return str(node.name)
 
+    def slot_ranges(self) -> list[tuple[tuple[int, int], str]]:
+        """A cluster's slot ranges and the master serving each (``host:port``), as the cluster
+        reports them now (``CLUSTER SLOTS``); ``[]`` on a single server."""
+        control = self._conn.control
+        if not isinstance(control, RedisCluster):
+            return []
+        raw: object = self._conn.call("cluster slots", control.cluster_slots)
+        if not isinstance(raw, Mapping):  # redis-py parses the reply into {(lo, hi): info}
+            raise BusError(f"CLUSTER SLOTS: unexpected reply {type(raw).__name__}")
+        return sorted(
+            ((int(lo), int(hi)), f"{info['primary'][0]}:{info['primary'][1]}")
+            for (lo, hi), info in raw.items()
+        )
+
     def server_time_s(self) -> float:
         beat = self._conn.heartbeat
 

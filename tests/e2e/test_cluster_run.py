@@ -106,17 +106,22 @@ def test_two_synchronizers_split_the_shards_and_one_takes_all_after_a_kill(
             for learner in LEARNERS:
                 services.start("learner", learner)
 
+            shard = {p: cluster.master_of_key(Keys(RUN).state(p)) for p in range(FRAGMENTS)}
+
             def split() -> dict[str, set[int]] | None:
+                """The settled deal: both own fragments, each fragment once, whole shards."""
                 owners = _owners(services)
                 mine = [owners.get(sid, set()) for sid in ("sync-a", "sync-b")]
                 whole = all(mine) and sorted(mine[0] | mine[1]) == list(range(FRAGMENTS))
-                return owners if whole and not mine[0] & mine[1] else None
+                by_shard = all(
+                    {shard[p] for p in fragments}.isdisjoint(
+                        shard[p] for p in set(range(FRAGMENTS)) - fragments
+                    )
+                    for fragments in mine
+                )
+                return owners if whole and by_shard and not mine[0] & mine[1] else None
 
-            owners = services.wait_for(split, 120, "both synchronizers owning fragments")
-            shard = {p: cluster.master_of_key(Keys(RUN).state(p)) for p in range(FRAGMENTS)}
-            for fragments in owners.values():  # each owns whole shards: its own masters
-                mine = {shard[p] for p in fragments}
-                assert all(shard[p] not in mine for p in set(range(FRAGMENTS)) - fragments)
+            owners = services.wait_for(split, 120, "both synchronizers owning whole shards")
             services.wait_for(lambda: services.merging(LEARNERS), 300, "merges, two syncs")
 
             orphans = owners["sync-a"]

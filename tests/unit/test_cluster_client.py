@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dd_queue.bus._fanout import FanOut
 from dd_queue.bus._redis_conn import (
@@ -155,3 +157,71 @@ def test_fanout_times_out_empty() -> None:
     fan: FanOut[str] = FanOut()
     assert fan.read([Slot("a").part(), Slot("b").part()], block_ms=50) == []
     fan.close()
+
+
+# ── the key-to-slot map and ddq slots ───────────────────────────────────────────────────────
+def test_even_split_is_redis_cli_s_and_placement_names_every_family() -> None:
+    from dd_queue.bus.slots import even_split, placement, run_slots
+    from dd_queue.keys import Keys
+
+    assert [n.ranges for n in even_split(3)] == [((0, 5460),), ((5461, 10922),), ((10923, 16383),)]
+    slots = run_slots(Keys("cl"), 4)
+    assert list(slots)[:4] == [f"fragment {p}" for p in range(4)]
+    held = placement(slots, even_split(3))
+    assert sorted(f for families in held.values() for f in families) == sorted(slots)
+    assert all(any(f.startswith("fragment") for f in fams) for fams in held.values())  # run "cl"
+
+
+def test_ddq_slots_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from dd_queue.cli import main
+
+    assert main(["slots", "--config", "demo", "--masters", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "| fragment 0 |" in out and "fragments per master: master 0" in out
+    found = json.loads(out.splitlines()[-1])
+    assert set(found["fragments_per_master"]) == {"master 0", "master 1"}
+    assert main(["slots", "--config", "demo", "--masters", "0"]) == 2
+
+
+@given(run_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True))
+def test_run_wide_streams_never_share_fragment_0_s_third_of_the_slots(run_id: str) -> None:
+    from redis.crc import key_slot
+
+    from dd_queue.keys import Keys, hash_tag
+
+    keys = Keys(run_id)
+
+    def third(key: str) -> int:
+        return key_slot(key.encode()) * 3 // 16384
+
+    home = third(keys.state(0))
+    assert third(keys.heartbeat_seen()) == third(keys.opened_rounds()) == (home + 1) % 3
+    assert third(keys.events()) == (home + 2) % 3
+    assert len({hash_tag(k) for k in (keys.heartbeat_seen(), keys.heartbeat_data())}) == 1
+    assert Keys(run_id).events() == keys.events()  # the same in every process
+
+
+def test_cluster_sizing_scales_with_learners_and_model_over_h(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import cluster_sizing
+
+    one = cluster_sizing.size(
+        1e9, 8, step_s=1.0, sync_every=100, bytes_per_param=1.0, sync_ms_per_mb=2.0,
+        redis_ms_per_mb=2.0, read_ms_per_mb=0.5, utilization=0.5,
+    )  # fmt: skip
+    assert one["upstream_mb_s"] == pytest.approx(80.0)  # 8 × 1e9 B / 100 s
+    assert one["downstream_mb_s"] == pytest.approx(320.0)
+    # Redis: (80 × 1 + 320 × 0.5) ms/s = 0.24 cores at 50% → 1 shard; sync 0.16 / 0.5 cores
+    assert one["shards"] == 1 and one["synchronizer_cores"] == pytest.approx(0.32)
+    assert cluster_sizing.main(["--sync-every", "1000", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
+    biggest = next(r for r in rows if r["model"] == "70B" and r["learners"] == 512)
+    assert biggest["upstream_mb_s"] == pytest.approx(70e9 * 512 * (1 + 4 / 256) / 1000 / 1e6)
