@@ -87,6 +87,11 @@ _CONNECT = _cmds(
     "connect: AUTH/HELLO, name the client, PING health checks, INFO for the server version",
     *("hello", "client|setname", "ping", "info", "select"),
 )
+_CLUSTER = _cmds(
+    "on a Redis Cluster, read the slot map (the client routes every key by it); harmless on one "
+    "server",
+    *("cluster|slots", "cluster|shards", "cluster|nodes", "cluster|info", "command"),
+)
 _SCRIPTS = _cmds(
     "run dd_queue's Lua scripts (each command inside is checked against these rules)",
     *("evalsha", "eval", "script|load", "script|exists"),
@@ -131,6 +136,7 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
             beats,
             events,
             *_CONNECT,
+            *_CLUSTER,
             *_SCRIPTS,
             *_HEARTBEAT,
             *_READ_BLOBS,
@@ -153,6 +159,8 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
                 beats,
                 events,
                 *_CONNECT,
+                *_CLUSTER,
+                *_CLUSTER,
                 *_SCRIPTS,
                 *_HEARTBEAT,
                 *_READ_BLOBS,
@@ -182,6 +190,8 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
                 beats,
                 events,
                 *_CONNECT,
+                *_CLUSTER,
+                *_CLUSTER,
                 *_SCRIPTS,
                 *_HEARTBEAT,
                 *_READ_BLOBS,
@@ -202,6 +212,8 @@ def roles(run_id: str, learner_ids: Sequence[str], *, prefix: str | None = None)
                 Grant(f"{beats.rule.replace('~', '%R~', 1)}", "liveness (start waits)"),
                 events,
                 *_CONNECT,
+                *_CLUSTER,
+                *_CLUSTER,
                 *_READ_BLOBS,
                 *_READ_STREAMS,
                 *_cmds("heartbeat reads (start waits)", "zrangebyscore", "zrange", "hgetall"),

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 from redis.crc import key_slot
@@ -85,14 +86,29 @@ class LocalCluster:
         start_timeout_s: How long to wait for the cluster to report ok.
     """
 
-    def __init__(self, *, masters: int = 3, replicas: int = 1, start_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        *,
+        masters: int = 3,
+        replicas: int = 1,
+        start_timeout_s: float = 30.0,
+        aclfile: Path | None = None,
+        login: tuple[str, str] | None = None,
+    ):
         self.n_masters, self.n_replicas = masters, replicas
+        self.login = login
+        auth: tuple[str, ...] = ()
+        if aclfile is not None:  # every node loads the same users; replicas log in as `login`
+            if login is None:
+                raise ValueError("an aclfile needs a login (an admin user) for replication")
+            auth = ("--aclfile", str(aclfile), "--masteruser", login[0], "--masterauth", login[1])
         self.start_timeout_s = start_timeout_s
         ports = cluster_ports(masters * (1 + replicas))
         self.nodes = [
             RedisProcess(
                 port=port,
-                extra_args=_NODE_ARGS,
+                extra_args=(*_NODE_ARGS, *auth),
+                login=login,
             )
             for port in ports
         ]
@@ -114,8 +130,9 @@ class LocalCluster:
             for node in self.nodes:
                 node.start()
             addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            creds = ["--user", self.login[0], "--pass", self.login[1]] if self.login else []
             done = subprocess.run(
-                [cli, "--cluster", "create", *addresses,
+                [cli, *creds, "--cluster", "create", *addresses,
                  "--cluster-replicas", str(self.n_replicas), "--cluster-yes"],
                 capture_output=True, text=True, timeout=60, check=False,
             )  # fmt: skip
@@ -130,6 +147,8 @@ class LocalCluster:
     def client(self, port: int, **kwargs: object) -> redis.Redis:
         """A plain (non-cluster) client of one node."""
         options: dict[str, object] = {"socket_timeout": 2.0, **kwargs}
+        if self.login is not None:
+            options = {"username": self.login[0], "password": self.login[1], **options}
         return redis.Redis(host="127.0.0.1", port=port, **options)  # type: ignore[arg-type]
 
     def _ask(self, port: int, fn: object) -> object:

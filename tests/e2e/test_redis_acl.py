@@ -5,7 +5,8 @@ a real ``ddq`` process logging in with its own password file: rounds merge with 
 contributions and the evaluator reports, and the server's ``ACL LOG`` shows not one refusal
 (the rules cover everything the roles do). Then the learner's user tries every write it must not
 make, by hand and from a Lua script, and each one is refused with ``NOPERM``; a client that does
-not log in gets ``NOAUTH``.
+not log in gets ``NOAUTH``. The same run on a Redis Cluster whose every node loads the aclfile
+(replicas log in as the admin): no node refuses anything either.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import pytest
 import redis
 
 from dd_queue.keys import Keys
+from tests.ci import require
 from tests.e2e.services_support import DDQ, ROOT, Services
 from tests.integration.conftest import require_redis_server
+from tests.rediscluster import LocalCluster, redis_cli_path
 from tests.redisproc import RedisProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -79,6 +82,44 @@ def test_a_run_with_one_user_per_role_and_no_refusal(
         services.close()
         admin.close()
     assert refusals == [], refusals
+    assert services.exit_codes == dict.fromkeys(("synchronizer", "L0", "evaluator", "control"), 0)
+
+
+def test_a_run_on_a_cluster_with_one_user_per_role_and_no_refusal(
+    tmp_path: Path, acl_dir: Path
+) -> None:
+    require_redis_server()
+    require(redis_cli_path(), "redis-cli", "apt-get install redis-tools")
+    admin = _login("admin", acl_dir)
+    login = (admin["username"], admin["password"])
+    with LocalCluster(aclfile=acl_dir / "users.acl", login=login) as cluster:
+        services = Services(tmp_path, cluster.url, run_id=RUN)
+
+        def env(role: str) -> dict[str, str]:
+            user = f"{RUN}-{role}"
+            return {
+                "DDQ__REDIS__URL": cluster.url.replace("//", f"//{user}@", 1),
+                "DDQ__REDIS__PASSWORD_FILE": str(acl_dir / f"{user}.password"),
+            }
+
+        for node in cluster.nodes:
+            client = cluster.client(node.port)
+            client.execute_command("ACL", "LOG", "RESET")
+            client.close()
+        try:
+            services.start("synchronizer", env=env("synchronizer"))
+            services.start("learner", "L0", env=env("learner-L0"))
+            services.start("evaluator", env=env("evaluator"))
+            services.start("control", env=env("control"))
+            services.wait_for(services.merging, 180, "rounds merged on the cluster, per-role")
+            refusals = {}
+            for node in cluster.nodes:
+                client = cluster.client(node.port)
+                refusals[node.port] = client.execute_command("ACL", "LOG")
+                client.close()
+        finally:
+            services.close()
+    assert all(log == [] for log in refusals.values()), refusals
     assert services.exit_codes == dict.fromkeys(("synchronizer", "L0", "evaluator", "control"), 0)
 
 
