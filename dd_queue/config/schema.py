@@ -615,6 +615,15 @@ class SynchronizerConfig(_Section):
     max_fragments: int = Field(
         0, ge=0, description="Most fragments one synchronizer owns (0 = all it can take)."
     )
+    snapshot_dir: Path | None = Field(
+        None,
+        description="Write snapshots of the fragments owned here, and restore a fragment Redis "
+        "lost from the newest one (None = off).",
+    )
+    snapshot_every_versions: int = Field(
+        100, ge=1, description="Snapshot a fragment every this many versions."
+    )
+    snapshot_keep: int = Field(3, ge=1, description="Snapshots kept per fragment (oldest go).")
     share: Literal["greedy", "fair"] = Field(
         "greedy",
         description="greedy: take every free fragment (a second synchronizer stands by); fair: "

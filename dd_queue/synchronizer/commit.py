@@ -29,13 +29,13 @@ from dd_queue.core.tallies import Observed, round_increments
 from dd_queue.fragment_state import FragmentState, VersionRef
 from dd_queue.keys import SYNC_GROUP
 from dd_queue.messages import ContributorRecord, EntryOutcome, GlobalFragment, RoundRecord
-from dd_queue.synchronizer import blobs
+from dd_queue.synchronizer import blobs, snapshots
 from dd_queue.synchronizer.context import Context
 from dd_queue.synchronizer.merge import Merged
 from dd_queue.synchronizer.runtime import FragmentRuntime, Held, Settled
 from dd_queue.tracking import round_scalars
 
-__all__ = ["commit_abandon", "commit_merge"]
+__all__ = ["commit_abandon", "commit_merge", "snapshot"]
 
 log = logging.getLogger("dd_queue.synchronizer")
 
@@ -103,11 +103,40 @@ def commit_merge(
         notice_id=committed.entry_ids[0],  # the first append: the down notice
     )
     ctx.buffers.give([*replaced, merged.scratch])  # nothing reads them any more
+    if ctx.sync.snapshot_dir is not None and version % ctx.sync.snapshot_every_versions == 0:
+        snapshot(ctx, rt)
     _delete_payloads(ctx, rt, [*(h.blob for h in held), *(s.blob for s in settled)])
     log.info("round.merged fragment %d round %d → version %d: %s", p, r, version, reason)
     if ctx.tracker.enabled:
         ctx.tracker.log(f"fragment{p}", round_scalars(record), step=version)
     ctx.emit("round.merged", reason, fragment=p, round=r, version=version, contributors=len(held))
+
+
+def snapshot(ctx: Context, rt: FragmentRuntime) -> None:
+    """Write the fragment's snapshot (``snapshots``); a failed write is reported, never a crash
+    (the run goes on; the next snapshot may succeed)."""
+    assert ctx.sync.snapshot_dir is not None
+    state = rt.state
+    try:
+        snap = snapshots.write(
+            ctx.sync.snapshot_dir,
+            run_id=ctx.run_id,
+            fragment_id=rt.fragment_id,
+            version=state.version,
+            theta=rt.theta,
+            momentum=rt.momentum.momentum_buffer,
+            outer_steps=rt.momentum.step,
+            last_merged_round_id=state.last_merged_round_id,
+            plan_digest=state.plan_digest,
+            config_digest=state.config_digest,
+            keep=ctx.sync.snapshot_keep,
+        )
+    except OSError as exc:
+        why = f"fragment {rt.fragment_id} version {state.version}: {exc}"
+        log.error("snapshot.failed %s", why)
+        ctx.emit("snapshot.failed", why, fragment=rt.fragment_id)
+        return
+    log.info("snapshot.written fragment %d version %d: %s", rt.fragment_id, snap.version, snap.path)
 
 
 def _next_state(

@@ -40,6 +40,7 @@ class Learners:
         self.live: frozenset[str] = frozenset()
         self.statuses: tuple[Liveness, ...] = ()
         self.peers: frozenset[str] = frozenset()  # other synchronizers with a fresh heartbeat
+        self.versions_held: dict[int, list[int]] = {}  # fragment → versions learners report
         self.step = Ema()
         self.next_at = float("-inf")
 
@@ -58,6 +59,7 @@ class Learners:
         ctx.flush_refusals()
         beats: dict[str, Beat] = {}
         peers: set[str] = set()
+        held: dict[int, list[int]] = {}
         fresh_s = 3 * ctx.cfg.membership.heartbeat_interval_s  # a stale peer is gone (sharing)
         for member, info in ctx.bus.heartbeats().items():
             try:
@@ -70,6 +72,8 @@ class Learners:
             if hb.role == "synchronizer" and hb.member_id != ctx.owner and info.age_s <= fresh_s:
                 peers.add(hb.member_id)
             if hb.role == "learner":
+                for fragment, version in hb.versions.items():
+                    held.setdefault(fragment, []).append(version)
                 step = hb.step_time_ema_s if hb.step_time_ema_s else None
                 beats[hb.member_id] = Beat(
                     learner_id=hb.member_id, last_seen_s=now - info.age_s, step_time_s=step
@@ -80,6 +84,7 @@ class Learners:
             log.info("learners.changed %s", change.reason)
         self.statuses, self.live = statuses, live_learners(statuses)
         self.peers = frozenset(peers)
+        self.versions_held = held
         steps = [b.step_time_s for b in beats.values() if b.learner_id in self.live]
         known = [s for s in steps if s is not None]
         if known:

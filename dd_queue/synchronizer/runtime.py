@@ -35,6 +35,7 @@ from dd_queue.messages import (
 )
 from dd_queue.synchronizer import blobs
 from dd_queue.synchronizer.context import Context
+from dd_queue.synchronizer.snapshots import Snapshot
 from dd_queue.synchronizer.source import Arrays
 
 __all__ = [
@@ -278,18 +279,84 @@ def create_fragment(
         The committed state.
     """
     fragment = plan.fragments[fragment_id]
-    theta = flatten_fragment(fragment, arrays)
+    return _commit_first(
+        ctx,
+        lease,
+        plan=plan,
+        fragment_id=fragment_id,
+        theta=flatten_fragment(fragment, arrays),
+        momentum=NesterovState.zeros(fragment.size),
+        version=0,
+        last_merged_round_id=None,
+        reason=f"run created from {origin}",
+        commit_id=f"{fragment_id}:create",
+        event="fragment.created",
+    )
+
+
+def restore_fragment(
+    ctx: Context,
+    lease: Lease,
+    *,
+    plan: FragmentPlan,
+    fragment_id: int,
+    snapshot: Snapshot,
+    version: int,
+    why: str,
+) -> FragmentState:
+    """Commit a fragment Redis lost from its snapshot on disk, as ``version``
+    (``snapshots.restored_version``): Θ_p and the momentum bit for bit, the round counter.
+
+    Raises:
+        ConfigError: The snapshot's tensors are unusable or of another size.
+    """
+    theta, buffer = snapshot.load()
+    size = plan.fragments[fragment_id].size
+    if theta.shape != (size,) or buffer.shape != (size,):
+        raise ConfigError(f"snapshot {snapshot.path} holds {theta.shape}, fragment needs {size}")
+    state = _commit_first(
+        ctx,
+        lease,
+        plan=plan,
+        fragment_id=fragment_id,
+        theta=np.ascontiguousarray(theta, np.float32),
+        momentum=NesterovState(np.ascontiguousarray(buffer, np.float32), snapshot.outer_steps),
+        version=version,
+        last_merged_round_id=snapshot.last_merged_round_id,
+        reason=f"restored from snapshot v{snapshot.version} as version {version}: {why}",
+        commit_id=f"{fragment_id}:restore:{version}",
+        event="fragment.restored",
+    )
+    return state
+
+
+def _commit_first(
+    ctx: Context,
+    lease: Lease,
+    *,
+    plan: FragmentPlan,
+    fragment_id: int,
+    theta: F32,
+    momentum: NesterovState,
+    version: int,
+    last_merged_round_id: int | None,
+    reason: str,
+    commit_id: str,
+    event: str,
+) -> FragmentState:
+    """The first state of a fragment in this Redis (created or restored), committed; logged and
+    emitted as ``event`` with the reason."""
+    fragment = plan.fragments[fragment_id]
     bus = ctx.bus
-    ref, header, momentum = blobs.stage(
+    ref, header, staged = blobs.stage(
         bus,
         lease,
         fragment_id=fragment_id,
-        version=0,
+        version=version,
         theta=theta,
-        state=NesterovState.zeros(fragment.size),
+        state=momentum,
         auth=ctx.auth,
     )
-    reason = f"run created from {origin}"
     state = FragmentState(
         run_id=ctx.run_id,
         fragment_id=fragment_id,
@@ -297,10 +364,10 @@ def create_fragment(
         plan_digest=plan.digest,
         config_digest=ctx.digest,
         segments=segments_of(fragment),
-        version=0,
-        last_merged_round_id=None,
+        version=version,
+        last_merged_round_id=last_merged_round_id,
         ring=(ref,),
-        momentum=momentum.to_bytes().decode(),
+        momentum=staged.to_bytes().decode(),
         quorum_ema_s=None,
         sync_ema_s=None,
         ema_samples=(0, 0),
@@ -311,8 +378,8 @@ def create_fragment(
     notice = GlobalFragment(
         run_id=ctx.run_id,
         fragment_id=fragment_id,
-        version=0,
-        round_id=0,
+        version=version,
+        round_id=last_merged_round_id or 0,
         tensor=header,
         created_at_s=ctx.wall(),
         reason=reason,
@@ -321,9 +388,9 @@ def create_fragment(
         SetOp(bus.keys.state(fragment_id), state.to_bytes()),
         ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen, auth=ctx.auth),
     ]
-    bus.commit(lease, commit_ops, commit_id=f"{fragment_id}:create")
-    log.info("fragment.created %d: version 0 (%s)", fragment_id, origin)
-    ctx.emit("fragment.created", reason, fragment=fragment_id, version=0)
+    bus.commit(lease, commit_ops, commit_id=commit_id)
+    log.info("%s %d: version %d (%s)", event, fragment_id, version, reason)
+    ctx.emit(event, reason, fragment=fragment_id, version=version)
     return state
 
 

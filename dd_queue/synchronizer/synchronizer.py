@@ -49,9 +49,10 @@ from dd_queue.core.schedule import RoundOpening, next_round
 from dd_queue.core.sharing import Ownership, plan_ownership
 from dd_queue.errors import BlobMissing, BusError, ConfigError, LeaseLost, ProtocolError
 from dd_queue.faults import FaultInjector
+from dd_queue.fragment_state import FragmentState
 from dd_queue.keys import check_name
-from dd_queue.synchronizer import intake, recovery
-from dd_queue.synchronizer.commit import commit_abandon, commit_merge
+from dd_queue.synchronizer import intake, recovery, snapshots
+from dd_queue.synchronizer.commit import commit_abandon, commit_merge, snapshot
 from dd_queue.synchronizer.context import Context, hard_kill
 from dd_queue.synchronizer.contributions import Batch, Contributions
 from dd_queue.synchronizer.fetchers import available
@@ -64,6 +65,7 @@ from dd_queue.synchronizer.runtime import (
     create_fragment,
     load_fragment,
     read_state,
+    restore_fragment,
 )
 from dd_queue.synchronizer.source import Arrays, ConfigModelSource, ModelSource, plan_of
 from dd_queue.tracking import NULL_TRACKER, Tracker
@@ -385,6 +387,9 @@ class Synchronizer:
         ctx, plan = self.ctx, self._plan
         assert plan is not None  # start() planned first
         state = read_state(ctx, p)
+        first = state is None  # created or restored here: snapshot it at once
+        if state is None:
+            state = self._restore(p, lease, plan, now)
         if state is None:
             if self._arrays is None:
                 self._arrays = self._source.arrays()
@@ -407,6 +412,8 @@ class Synchronizer:
         rt = load_fragment(ctx, lease, state, round_state=round_state)
         rt.announced = announced
         self.fragments[p] = rt
+        if first and ctx.sync.snapshot_dir is not None:  # a restore's bound counts from here
+            snapshot(ctx, rt)
         poisoned = recovery.count_takes(ctx, lease, p, entries)  # a take that loaded
         if poisoned:
             intake.dead_letter(ctx, rt, poisoned)
@@ -425,6 +432,31 @@ class Synchronizer:
         self._admit(rt, self.contributions.batch(rt, entries))
         if ctx.sync.schedule == "learner" and not rt.announced:
             rt.announce(ctx, rt.round.round_id, now, "learner-paced: one round open per fragment")
+
+    def _restore(
+        self, p: int, lease: Lease, plan: FragmentPlan, now: float
+    ) -> FragmentState | None:
+        """A fragment Redis has no state of: restored from its newest usable snapshot
+        (``synchronizer.snapshot_dir``), above every version a learner reports; None when
+        snapshots are off or there is none (the run is then created, or created again)."""
+        ctx, root = self.ctx, self.ctx.sync.snapshot_dir
+        if root is None:
+            return None
+        snap, why = snapshots.latest(
+            root, run_id=ctx.run_id, fragment_id=p, plan_digest=plan.digest,
+            config_digest=ctx.digest,
+        )  # fmt: skip
+        if snap is None:
+            log.info("snapshot.none fragment %d: %s", p, why)
+            return None
+        self._learners.next_at = float("-inf")  # the learners' versions as they are now
+        self._learners.refresh(now)
+        held = self._learners.versions_held.get(p, [])
+        version = snapshots.restored_version(snap.version, ctx.sync.snapshot_every_versions, held)
+        why += f"; learners hold up to v{max(held, default=snap.version)}"
+        return restore_fragment(
+            ctx, lease, plan=plan, fragment_id=p, snapshot=snap, version=version, why=why
+        )
 
     def _beat(self, now: float) -> None:
         self._timers["beat"] = now + self.ctx.cfg.membership.heartbeat_interval_s
