@@ -86,7 +86,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
             "run": {"run_id": "bench", "log_level": "WARNING"},
             "redis": {
                 "url": url,
-                "stream_maxlen": 100_000,
+                "stream_maxlen": getattr(args, "stream_maxlen", 100_000),
                 "commit_replicas": getattr(args, "commit_replicas", 0),
             },
             "wire": {"codec": args.codec},
@@ -95,7 +95,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
                 "sync_every_steps": args.fragments,
                 "quorum": args.learners,
                 "round_timeout_s": 120.0,
-                "initial_step_time_s": 0.005,
+                "initial_step_time_s": getattr(args, "round_s", 0.005),  # H = P: per round
                 "version_ring": 2,
                 "lease_ttl_s": 30.0,
                 "fetch_processes": args.fetch_processes,
