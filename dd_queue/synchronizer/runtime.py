@@ -291,6 +291,7 @@ def create_fragment(
         reason=f"run created from {origin}",
         commit_id=f"{fragment_id}:create",
         event="fragment.created",
+        detail=origin,
     )
 
 
@@ -326,6 +327,7 @@ def restore_fragment(
         reason=f"restored from snapshot v{snapshot.version} as version {version}: {why}",
         commit_id=f"{fragment_id}:restore:{version}",
         event="fragment.restored",
+        detail=f"from snapshot v{snapshot.version}: {why}",
     )
     return state
 
@@ -343,9 +345,10 @@ def _commit_first(
     reason: str,
     commit_id: str,
     event: str,
+    detail: str,
 ) -> FragmentState:
-    """The first state of a fragment in this Redis (created or restored), committed; logged and
-    emitted as ``event`` with the reason."""
+    """The first state of a fragment in this Redis (created or restored), committed; logged as
+    ``event`` with ``detail`` (where its Θ_p came from), emitted with the reason."""
     fragment = plan.fragments[fragment_id]
     bus = ctx.bus
     ref, header, staged = blobs.stage(
@@ -389,7 +392,7 @@ def _commit_first(
         ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen, auth=ctx.auth),
     ]
     bus.commit(lease, commit_ops, commit_id=commit_id)
-    log.info("%s %d: version %d (%s)", event, fragment_id, version, reason)
+    log.info("%s %d: version %d (%s)", event, fragment_id, version, detail)
     ctx.emit(event, reason, fragment=fragment_id, version=version)
     return state
 

@@ -78,7 +78,9 @@ def test_the_run_comes_back_from_its_snapshots_after_redis_is_lost(tmp_path: Pat
             before = _losses(services)
             redis_server.kill()
             redis_server.start()  # empty, same port
-            services.wait_log("synchronizer", r"restored from snapshot v\d+ as version", 120)
+            services.wait_log(
+                "synchronizer", r"fragment\.restored \d+: version \d+ \(from snapshot v", 120
+            )
             services.wait_for(
                 lambda: services.state()["rounds_merged"] >= 4 and services.merging(("L0",)),
                 240,
