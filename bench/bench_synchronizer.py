@@ -163,7 +163,14 @@ class Learners:
                 tensor=encoded.header,
                 created_at_s=time.time(),
             )
-            ops.send_contribution(self.bus, msg, encoded, ttl_s=600, auth=self.auths[m])
+            ops.send_contribution(
+                self.bus,
+                msg,
+                encoded,
+                ttl_s=600,
+                maxlen=self.cfg.redis.stream_maxlen,  # as real learners cap the up streams
+                auth=self.auths[m],
+            )
 
 
 def cpu_seconds(pid: int) -> float:
