@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 
 from dd_queue.errors import ConfigError
 
@@ -110,12 +110,8 @@ def write(
     where.mkdir(parents=True, exist_ok=True)
     stem = where / f"v{version}"
     tensors = stem.with_suffix(".safetensors")
-    tmp = tensors.with_name(tensors.name + ".tmp")
-    save_file({"theta": np.ascontiguousarray(theta), "momentum": np.ascontiguousarray(momentum)},
-              str(tmp))  # fmt: skip
-    with tmp.open("rb+") as out:
-        os.fsync(out.fileno())
-    tmp.replace(tensors)
+    arrays = {"theta": np.ascontiguousarray(theta), "momentum": np.ascontiguousarray(momentum)}
+    _atomic(tensors, save(arrays))
     snap = Snapshot(
         format=FORMAT,
         run_id=run_id,
