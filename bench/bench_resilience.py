@@ -208,26 +208,41 @@ def round_share(rounds: Iterable[Any], learner: str, lo: float, hi: float) -> fl
     return sum(any(c.learner_id == learner for c in r.contributors) for r in inside) / len(inside)
 
 
+class Tally:
+    """Settlements and merges per entry id, fed round records as they are read (a soak reads
+    them while the streams are trimmed behind it)."""
+
+    def __init__(self) -> None:
+        self.settled: dict[str, int] = {}
+        self.merges: dict[str, int] = {}
+
+    def add(self, rounds: Iterable[Any]) -> None:
+        for r in rounds:
+            for o in r.entries:
+                if o.outcome != "carried":
+                    self.settled[o.entry_id] = self.settled.get(o.entry_id, 0) + 1
+                if o.outcome == "merged":
+                    self.merges[o.entry_id] = self.merges.get(o.entry_id, 0) + 1
+
+    def audit(self, sent: set[str], dead_lettered: set[str], pending: set[str]) -> dict[str, int]:
+        """Entries settled twice, merged twice, and lost (sent, neither settled, dead-lettered
+        nor still pending)."""
+        return {
+            "settled_twice": sum(n > 1 for n in self.settled.values()),
+            "merged_twice": sum(n > 1 for n in self.merges.values()),
+            "lost": len(sent - self.settled.keys() - dead_lettered - pending),
+            "pending": len(pending),
+            "sent": len(sent),
+        }
+
+
 def audit(
     rounds: Iterable[Any], sent: set[str], dead_lettered: set[str], pending: set[str]
 ) -> dict[str, int]:
-    """Entries settled twice, merged twice, and lost (sent, neither settled, dead-lettered nor
-    still pending), from the round records of one fragment."""
-    settled: dict[str, int] = {}
-    merges: dict[str, int] = {}
-    for r in rounds:
-        for o in r.entries:
-            if o.outcome != "carried":
-                settled[o.entry_id] = settled.get(o.entry_id, 0) + 1
-            if o.outcome == "merged":
-                merges[o.entry_id] = merges.get(o.entry_id, 0) + 1
-    return {
-        "settled_twice": sum(n > 1 for n in settled.values()),
-        "merged_twice": sum(n > 1 for n in merges.values()),
-        "lost": len(sent - set(settled) - dead_lettered - pending),
-        "pending": len(pending),
-        "sent": len(sent),
-    }
+    """:meth:`Tally.audit` over the round records of one fragment."""
+    tally = Tally()
+    tally.add(rounds)
+    return tally.audit(sent, dead_lettered, pending)
 
 
 def spread(values: Sequence[float | None]) -> dict[str, float | None]:
@@ -277,7 +292,7 @@ def run_config(
     raw: dict[str, Any] = {
         "extends": str(ROOT / "config" / "base.yaml"),
         "run": {"run_id": "resil", "seed": args.seed},
-        "redis": {"url": redis_url},
+        "redis": {"url": redis_url, "rounds_maxlen": 1_000_000},  # the audit reads every record
         "model": {
             "preset": "gpt-tiny",
             "n_layers": args.layers,

@@ -87,6 +87,7 @@ def config(url: str, args: argparse.Namespace) -> DDQConfig:
             "redis": {
                 "url": url,
                 "stream_maxlen": getattr(args, "stream_maxlen", 100_000),
+                "rounds_maxlen": getattr(args, "rounds_maxlen", 100_000),
                 "commit_replicas": getattr(args, "commit_replicas", 0),
             },
             "wire": {"codec": args.codec},

@@ -205,6 +205,13 @@ class RedisConfig(_Section):
     stream_maxlen: int = Field(
         10_000, ge=16, description="Approximate length cap of every stream (MAXLEN ~)."
     )
+    rounds_maxlen: int = Field(
+        1_000,
+        ge=16,
+        description="Approximate number of round records kept per fragment (the history the "
+        "API, dashboard and `ddq report` read). A record holds ~200 bytes per contribution, the "
+        "largest entries of the run, so it has its own cap; totals live in the fragment states.",
+    )
     commit_replicas: int = Field(
         0,
         ge=0,

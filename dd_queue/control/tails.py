@@ -2,7 +2,8 @@
 
 The bus has forward reads only, so the control plane keeps a position per stream and reads
 what is new (``XREAD`` after the last id, in pages) on every refresh; the first refresh reads
-what the streams still hold (they are trimmed to ``redis.stream_maxlen``). A stream whose newest
+what the streams still hold (they are trimmed to ``redis.stream_maxlen``, the round records
+to ``redis.rounds_maxlen``). A stream whose newest
 id is below our position was reset (Redis restarted without persistence): it is read again
 from the start. Entries that do not decode are skipped and logged, never fatal.
 

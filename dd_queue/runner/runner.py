@@ -74,6 +74,7 @@ _REPORTED_SYNC_FIELDS = (
     "anchor",
 )
 _MIN_WAKE_FRACTION = 1e-3  # a synchronizer wake-up at "now" is retried this share of a step later
+_KEEP_EVERY_ROUND = 2**62  # rounds_maxlen of the in-process bus: the result reads every record
 
 
 def _no_kill(why: str) -> None:
@@ -107,6 +108,9 @@ class Runner:
         eval_batch_size: int | None = None,
         on_step: Callable[[LearnerSlot, StepReport], None] | None = None,
     ) -> None:
+        # the result summarizes every round record: the in-process bus keeps them all
+        keep = cfg.redis.model_copy(update={"rounds_maxlen": _KEEP_EVERY_ROUND})
+        cfg = cfg.model_copy(update={"redis": keep})
         self.cfg, self.spec, self.name, self.on_step = cfg, spec, name, on_step
         self.dp = spec.mode == "data-parallel"
         self.clock = FakeClock(0.0)

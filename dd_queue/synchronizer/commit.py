@@ -85,7 +85,7 @@ def commit_merge(
     commit_ops: list[CommitOp] = [
         SetOp(bus.keys.state(p), new_state.to_bytes()),
         ops.global_notification_op(bus, notice, ref.ref, maxlen=ctx.maxlen, auth=ctx.auth),
-        AppendOp(bus.keys.rounds(p), record.to_fields(), ctx.maxlen),
+        AppendOp(bus.keys.rounds(p), record.to_fields(), ctx.rounds_maxlen),
         AckOp(bus.keys.up(p), SYNC_GROUP, tuple(entry_ids)),
         DeleteOp(blobs.delete_keys_of([*evicted, state.momentum_ref])),
     ]
@@ -222,7 +222,7 @@ def commit_abandon(ctx: Context, rt: FragmentRuntime, decision: Decision, now: f
     entry_ids = tuple(s.outcome.entry_id for s in settled)
     commit_ops: list[CommitOp] = [
         SetOp(bus.keys.state(p), new_state.to_bytes()),
-        AppendOp(bus.keys.rounds(p), record.to_fields(), ctx.maxlen),
+        AppendOp(bus.keys.rounds(p), record.to_fields(), ctx.rounds_maxlen),
     ]
     if entry_ids:
         commit_ops.append(AckOp(bus.keys.up(p), SYNC_GROUP, entry_ids))

@@ -115,8 +115,13 @@ class Context:
 
     @property
     def maxlen(self) -> int:
-        """Approximate cap of every stream the synchronizer appends to."""
+        """Approximate cap of every stream the synchronizer appends to but the round records."""
         return self.cfg.redis.stream_maxlen
+
+    @property
+    def rounds_maxlen(self) -> int:
+        """Approximate cap of each fragment's round-record stream (its own: records are big)."""
+        return self.cfg.redis.rounds_maxlen
 
     def wall_at(self, t: float) -> float:
         """Wall-clock time of monotonic time ``t`` (≥ 0, as records require)."""

@@ -301,7 +301,7 @@ def test_an_abandon_commits_counters_reason_owner_record_and_event(bus, clock, c
 
 
 def test_the_round_record_stream_stays_capped_across_abandons(bus, clock):
-    cfg = make_config(quorum=1, round_timeout_s=1.0, schedule="learner", redis__stream_maxlen=16)
+    cfg = make_config(quorum=1, round_timeout_s=1.0, schedule="learner", redis__rounds_maxlen=16)
     sync = new_sync(bus, clock, cfg)
     while state_of(bus, cfg, 0).counters.get("rounds_abandoned", 0) < 20:
         beat(bus, cfg, "L0")
@@ -311,11 +311,19 @@ def test_the_round_record_stream_stays_capped_across_abandons(bus, clock):
 
 
 def test_the_notice_and_round_record_streams_stay_capped_across_merges(bus, clock):
-    cfg = make_config(quorum=1, redis__stream_maxlen=16, version_ring=2, max_staleness=1)
+    """Each stream under its own cap: the notices under ``stream_maxlen``, the (much larger)
+    round records under ``rounds_maxlen``."""
+    cfg = make_config(
+        quorum=1,
+        redis__stream_maxlen=16,
+        redis__rounds_maxlen=24,
+        version_ring=2,
+        max_staleness=1,
+    )
     beat(bus, cfg, "L0")
     sync = new_sync(bus, clock, cfg)
     delta = np.full(size_of(cfg, 0), 1e-3, np.float32)
-    for version in range(20):
+    for version in range(30):
         r = open_round(sync, clock, 0)
         contribute(
             bus, cfg, learner_id="L0", fragment_id=0, round_id=r, base_version=version, delta=delta
@@ -326,8 +334,8 @@ def test_the_notice_and_round_record_streams_stay_capped_across_merges(bus, cloc
                 break
             clock.advance(0.01)
         beat(bus, cfg, "L0")
-    assert state_of(bus, cfg, 0).version == 20
-    assert bus.stream_length(bus.keys.rounds(0)) <= 16
+    assert state_of(bus, cfg, 0).version == 30
+    assert 16 < bus.stream_length(bus.keys.rounds(0)) <= 24
     assert bus.stream_length(bus.keys.down(0)) <= 16
 
 
