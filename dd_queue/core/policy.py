@@ -20,7 +20,10 @@ three estimates exist the grace window is the cap (0 s if the cap itself is unkn
    at ``opened_at + round_timeout_s`` it abandons the round; held contributions are *not*
    dropped: they stay held for the fragment's next round (``RoundState.reopened``), so learners
    that already sent lose nothing and the next round needs only the missing ones. Before the
-   timeout it waits, naming the missing learners.
+   timeout it waits, naming the missing learners. A learner whose answer to the round was
+   refused (stale, unreadable, ...) is not missing: it answers a round once. When every live
+   learner answered and quorum is still not met, the round is abandoned at once (nothing more
+   can come before the timeout; the next round is the refused learners' next chance).
 2. **Fast path.** Quorum met and every live learner contributed (also when none is left
    alive): merge at once.
 3. **Grace window.** Quorum met: merge once ``ξ_grace`` has elapsed since the quorum was
@@ -254,6 +257,7 @@ class _Round:
     n_reachable: int
     quorum: int
     prefix: str  # explains a shrunk quorum, else ""
+    refused: tuple[str, ...] = ()  # answered this round, refused, holding nothing
     unacked: int = 0  # entries settled without a merge, acknowledged by the next commit
 
     @property
@@ -263,7 +267,8 @@ class _Round:
     @property
     def tally(self) -> str:
         names = f" ({_names(self.held)})" if self.held else ""
-        return f"{len(self.held)}/{self.n_reachable} contributed{names}"
+        refused = f"; refused {_names(self.refused)}" if self.refused else ""
+        return f"{len(self.held)}/{self.n_reachable} contributed{names}{refused}"
 
     def decision(
         self,
@@ -322,7 +327,8 @@ def decide(
         view=view,
         params=params,
         held=held,
-        missing=tuple(sorted(frozenset(live_learners) - view.contributors)),
+        missing=tuple(sorted(frozenset(live_learners) - view.contributors - view.refused)),
+        refused=tuple(sorted(view.refused)),
         n_reachable=reachable,
         quorum=quorum,
         prefix=prefix,
@@ -347,6 +353,13 @@ def _below_quorum(r: _Round, *, any_live: bool) -> Decision:
             reason += f"; {r.unacked} settled entries acknowledged at the round timeout"
             return r.decision("wait", reason, wake_at=r.deadline_s)
         return r.decision("wait", reason)
+    if r.refused and not r.missing:
+        kept = _KEPT if r.held else "none held"
+        reason = (
+            f"every live learner answered round {r.view.round_id} without quorum {r.quorum}: "
+            f"{r.tally}; nothing more to wait for; {kept}"
+        )
+        return r.decision("abandon", reason)
     if r.now >= r.deadline_s:
         kept = _KEPT if r.held else "none held"
         reason = (
@@ -371,7 +384,9 @@ def _quorum_met(r: _Round, grace: GraceWindow, *, any_live: bool) -> Decision:
         raise CoreError("quorum met but no quorum time; RoundView.arrivals is inconsistent")
     stale = _stale_note(r.view)
     if not r.missing:
-        if any_live:
+        if any_live and r.refused:
+            who = f"every live learner answered: {r.tally}"
+        elif any_live:
             who = f"all live learners contributed ({_names(r.held)})"
         else:
             who = f"quorum {r.quorum} met and no live learner left to wait for; {r.tally}"

@@ -233,6 +233,8 @@ class RoundView:
         arrivals: ``(learner_id, first_arrival_s)`` of every held contribution, earliest
             first: when each learner first counted toward the quorum in this window.
         staleness: ``(learner_id, staleness)`` of every held contribution, by learner id.
+        refused: Learners whose answer to this round was refused (stale, unreadable, ...) and
+            who hold nothing: they answered, and will not answer this round again.
     """
 
     fragment_id: int
@@ -241,6 +243,7 @@ class RoundView:
     current_version: int
     arrivals: tuple[tuple[str, float], ...] = ()
     staleness: tuple[tuple[str, int], ...] = ()
+    refused: frozenset[str] = frozenset()
 
     @property
     def contributors(self) -> frozenset[str]:
@@ -276,6 +279,8 @@ class RoundState:
         seen: Identities admitted in this window (held, or replaced by a newer one).
         merged: ``seen`` of the previous window, which the previous merge accounted for
             (so a redelivery is reported as a duplicate rather than as late).
+        refused: Learners whose answer to the open round was refused and who hold nothing
+            (``refusing``): the policy waits for no more from them in this round.
     """
 
     fragment_id: int
@@ -287,6 +292,7 @@ class RoundState:
     first_arrivals: tuple[tuple[float, str], ...] = ()
     seen: frozenset[tuple[str, int, int]] = field(default_factory=frozenset)
     merged: frozenset[tuple[str, int, int]] = field(default_factory=frozenset)
+    refused: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def open(
@@ -337,7 +343,13 @@ class RoundState:
         arrivals = self.first_arrivals
         if old is None:
             arrivals = tuple(sorted((*arrivals, (now, c.learner_id))))
-        new = replace(self, held=held, first_arrivals=arrivals, seen=self.seen | {c.identity})
+        new = replace(
+            self,
+            held=held,
+            first_arrivals=arrivals,
+            seen=self.seen | {c.identity},
+            refused=self.refused - {c.learner_id},
+        )
         who = f"{c.learner_id} round {c.round_id}"
         if old is None:
             return new, Admission("accepted", f"{who} accepted{_stale_note(staleness)}", staleness)
@@ -384,12 +396,24 @@ class RoundState:
     def without(self, learner_ids: frozenset[str]) -> RoundState:
         """Drop these learners' held contributions (refused after admission: a merge with
         them is not finite). They no longer count toward quorum; their identities stay in
-        ``seen``, so a redelivery is a duplicate."""
+        ``seen``, so a redelivery is a duplicate; those that answered the open round with it
+        are ``refused`` in it."""
+        answered = {h.learner_id for h in self.held if h.round_id == self.round_id}
         return replace(
             self,
             held=tuple(h for h in self.held if h.learner_id not in learner_ids),
             first_arrivals=tuple(a for a in self.first_arrivals if a[1] not in learner_ids),
+            refused=self.refused | (answered & learner_ids),
         )
+
+    def refusing(self, learner_id: str, round_id: int) -> RoundState:
+        """A learner's answer to ``round_id`` was settled without being held (refused as
+        stale, unreadable, implausible, ...). When it answered the open round and holds
+        nothing, it is ``refused`` there: a learner answers a round once, so the round waits
+        for nothing more from it. Other rounds' answers change nothing."""
+        if round_id != self.round_id or self._held_of(learner_id) is not None:
+            return self
+        return replace(self, refused=self.refused | {learner_id})
 
     def reopened(self, *, round_id: int, opened_at_s: float) -> RoundState:
         """Abandon the open round and open ``round_id``, keeping every held contribution.
@@ -399,7 +423,7 @@ class RoundState:
         """
         if round_id <= self.round_id:
             raise CoreError(f"reopened round {round_id} must be after round {self.round_id}")
-        return replace(self, round_id=round_id, opened_at_s=opened_at_s)
+        return replace(self, round_id=round_id, opened_at_s=opened_at_s, refused=frozenset())
 
     def after_merge(self, *, round_id: int, opened_at_s: float) -> RoundState:
         """Record that the open round merged everything held; open ``round_id`` next.
@@ -433,6 +457,7 @@ class RoundState:
             staleness=tuple(
                 (h.learner_id, self.current_version - h.base_version) for h in self.held
             ),
+            refused=self.refused,
         )
 
 

@@ -172,7 +172,8 @@ class FragmentRuntime:
     ) -> None:
         """Queue an entry for the next commit's acks, with its outcome for the round record
         (``bytes_in``: its payload's size when it was fetched; ``new_tokens``: the tokens it
-        carried first, for the token fate)."""
+        carried first, for the token fate). A refused answer to the open round counts as the
+        learner's answer to it (``RoundState.refusing``)."""
         record = EntryOutcome(
             entry_id=entry_id,
             learner_id=learner_id or "?",
@@ -183,6 +184,9 @@ class FragmentRuntime:
         self.settled.append(
             Settled(outcome=record, blob=blob, bytes_in=bytes_in, new_tokens=new_tokens)
         )
+        if outcome not in ("merged", "carried") and learner_id:  # it answered, and was refused
+            self.round = self.round.refusing(learner_id, round_id)
+            self.decision = None
 
     def hold(self, held: Held, round_after: RoundState) -> Held | None:
         """Hold an admitted contribution (``round_after``: the round that admitted it). One of

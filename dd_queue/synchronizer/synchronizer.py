@@ -407,7 +407,12 @@ class Synchronizer:
             )
             self._took_over = True
         entries = recovery.pending_entries(ctx, p) + recovery.reclaim_entries(ctx, p)
-        latest = recovery.latest_round(ctx)
+        # The run's newest opening tells which round of this fragment was announced, but only
+        # of the state it was announced on: a state restored (or created again) after Redis lost
+        # the run is older than what the ``open`` stream has seen since, whose round of this
+        # fragment the learners may have answered and seen merged already. Only the answers
+        # pending on the new streams show an open round then; else the next opening announces.
+        latest = None if first else recovery.latest_round(ctx)
         round_state, announced = recovery.rebuild_round(ctx, state, entries, latest=latest, now=now)
         rt = load_fragment(ctx, lease, state, round_state=round_state)
         rt.announced = announced

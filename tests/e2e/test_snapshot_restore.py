@@ -5,7 +5,9 @@ merged past a few snapshots, Redis is killed (SIGKILL) and an empty one starts o
 The synchronizer (still running) finds no state and restores every fragment from its newest
 snapshot, above every version the learner reports. Then:
 
-* rounds merge again, with the learner's contributions;
+* rounds merge again, with the learner's contributions, and none waits out its timeout: no
+  fragment waits on a round of the lost history (answered and merged there already) while the
+  other trains on without it;
 * every version the learner applies, by its step log, is above the one before it, for each
   fragment: never backwards across the loss;
 * the held-out loss goes on from where it was: the first evaluation after the restore is far
@@ -96,6 +98,9 @@ def test_the_run_comes_back_from_its_snapshots_after_redis_is_lost(tmp_path: Pat
     for p in range(2):
         versions = [v for q, v in pairs if q == p]
         assert versions == sorted(set(versions)), f"fragment {p} went back: {versions}"
+    since = services.log("synchronizer").split("fragment.restored", 1)[1]
+    timed_out = re.findall(r"round\.abandoned .*: round timeout .*", since)
+    assert not timed_out, timed_out
     untrained, last = before[0], before[-1]
     assert after[0] < untrained - 0.5 * (untrained - last), (before, after)
     assert after[0] < last + 0.5, (before, after)

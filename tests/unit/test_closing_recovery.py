@@ -541,16 +541,17 @@ def test_a_merge_that_overflows_float32_dead_letters_the_pair_and_the_run_goes_o
     reasons = sorted(e.fields["ddq.dlq.reason"].decode() for e in dead_letters(bus, 0))
     assert reasons == [f"overflow: the 2 contributions of round {r} together make the merge "
                        "non-finite"] * 2  # fmt: skip
-    assert sync.versions()[0] == 0 and records(bus, cfg, 0) == []
+    assert sync.versions()[0] == 0
+    (closed,) = records(bus, cfg, 0)  # both answered, both refused: nothing more can come
+    assert closed.decision == "abandon" and closed.round_id == r, closed
+    assert closed.reason.startswith(f"every live learner answered round {r} without quorum 2")
     overflows = messages(caplog, "merge overflow on fragment 0: ")
     assert overflows and all(
         m.endswith("the merged delta overflowed float32; contributions are far too large")
         for m in overflows
     ), overflows
     good = np.full(size_of(cfg, 0), 0.01, np.float32)
-    r2 = _next_round(
-        sync, bus, cfg, clock, 0, r
-    )  # the open round times out; learners answer the next
+    r2 = _next_round(sync, bus, cfg, clock, 0, r)  # learners answer the next
     for learner in ("L0", "L1"):  # the fragment still merges good contributions afterwards
         contribute(bus, cfg, learner_id=learner, fragment_id=0, round_id=r2, base_version=0,
                    delta=good)  # fmt: skip
@@ -566,7 +567,8 @@ def test_a_merge_that_overflows_float32_dead_letters_the_pair_and_the_run_goes_o
 def test_a_refused_contribution_no_longer_counts_toward_quorum(bus, clock):
     """L0's Δ makes the outer step overflow (alone, and with L1's) and is dead-lettered: with
     quorum 2 the round must wait for another L0 contribution, not merge L1's alone (it used
-    to, and its record said "all live learners contributed (L0, L1)")."""
+    to, and its record said "all live learners contributed (L0, L1)"). L0 answered this round
+    already, so the round closes at once, keeping L1's for the next."""
     cfg = make_config(quorum=2, outer_lr=2.0)
     beat(bus, cfg, "L0")
     beat(bus, cfg, "L1")
@@ -582,10 +584,11 @@ def test_a_refused_contribution_no_longer_counts_toward_quorum(bus, clock):
         clock.advance(0.05)
     assert [e.fields["ddq.dlq.id"] for e in dead_letters(bus, 0)]  # L0's, with its reason
     assert "merged alone" in dead_letters(bus, 0)[0].fields["ddq.dlq.reason"].decode()
-    assert sync.versions()[0] == 0 and records(bus, cfg, 0) == []  # waits for quorum 2
-    r2 = _next_round(
-        sync, bus, cfg, clock, 0, r
-    )  # times out, keeps L1's contribution, opens the next
+    assert sync.versions()[0] == 0
+    (closed,) = records(bus, cfg, 0)  # both answered, 1 of quorum 2 usable: closed, L1 kept
+    assert closed.decision == "abandon" and "refused L0" in closed.reason, closed.reason
+    assert [(e.learner_id, e.outcome) for e in closed.entries] == [("L1", "carried")]
+    r2 = _next_round(sync, bus, cfg, clock, 0, r)  # keeps L1's contribution, opens the next
     contribute(bus, cfg, learner_id="L0", fragment_id=0, round_id=r2, base_version=0,
                delta=np.full(n, 0.02, np.float32))  # fmt: skip
     for _ in range(20):

@@ -31,8 +31,13 @@ NO_SLACK = Estimates().observe(alpha=A, step_s=1.0, quorum_s=0.6, sync_s=0.6)
 ROOMY = Estimates().observe(alpha=A, step_s=1.0, quorum_s=0.0, sync_s=0.0)
 
 
-def view(*arrivals: tuple[str, float], staleness: dict[str, int] | None = None) -> RoundView:
-    """A round of fragment 0 opened at t = 0 with the given first arrivals."""
+def view(
+    *arrivals: tuple[str, float],
+    staleness: dict[str, int] | None = None,
+    refused: frozenset[str] = frozenset(),
+) -> RoundView:
+    """A round of fragment 0 opened at t = 0 with the given first arrivals (and learners whose
+    answer to it was refused)."""
     ordered = tuple(sorted(arrivals, key=lambda a: (a[1], a[0])))
     stale = staleness or {}
     return RoundView(
@@ -42,6 +47,7 @@ def view(*arrivals: tuple[str, float], staleness: dict[str, int] | None = None) 
         current_version=3,
         arrivals=ordered,
         staleness=tuple(sorted((learner, stale.get(learner, 0)) for learner, _ in arrivals)),
+        refused=refused,
     )
 
 
@@ -311,6 +317,42 @@ CASES = {
         "merge",
         None,
         ("missing L1, L2, L3, L4, L5, L6 +3 more",),
+    ),
+    "every-live-learner-answered-below-quorum-abandons-at-once": Case(
+        2.0,
+        view(("L0", 1.0), refused=frozenset({"L1"})),
+        live("L0", "L1"),
+        "abandon",
+        None,
+        (
+            "every live learner answered round 8 without quorum 2: 1/2 contributed (L0); "
+            "refused L1; nothing more to wait for; held contributions stay",
+        ),
+        {"quorum": 2},
+    ),
+    "a-refused-learner-is-not-waited-for": Case(
+        2.0,
+        view(refused=frozenset({"L1"})),
+        live("L0", "L1"),
+        "wait",
+        30.0,
+        ("0/2 contributed; refused L1; missing L0; round timeout in 28 s",),
+    ),
+    "quorum-met-and-the-rest-refused-merges-at-once": Case(
+        2.0,
+        view(("L0", 1.0), refused=frozenset({"L1"})),
+        live("L0", "L1"),
+        "merge",
+        None,
+        ("every live learner answered: 1/2 contributed (L0); refused L1; merging at once",),
+    ),
+    "refused-and-all-dead-waits-for-a-joiner": Case(
+        2.0,
+        view(refused=frozenset({"L1"})),
+        live(),
+        "wait",
+        None,
+        ("no live learners; waiting for one to join",),
     ),
 }
 
@@ -682,6 +724,7 @@ NAMES = ("L0", "L1", "L2", "L3", "L4")
 @given(
     arrivals=st.dictionaries(st.sampled_from(NAMES), st.floats(0.0, 20.0), max_size=5),
     alive=st.frozensets(st.sampled_from(NAMES)),
+    answered=st.frozensets(st.sampled_from(NAMES)),
     quorum=st.integers(1, 6),
     policy=st.sampled_from(["wait", "shrink"]),
     now=st.floats(0.0, 40.0),
@@ -690,22 +733,27 @@ NAMES = ("L0", "L1", "L2", "L3", "L4")
 def test_decide_invariants(
     arrivals: dict[str, float],
     alive: frozenset[str],
+    answered: frozenset[str],
     quorum: int,
     policy: str,
     now: float,
     estimates: Estimates,
 ) -> None:
     params = PolicyParams(**{**BASE, "quorum": quorum, "quorum_policy": policy})
-    d = decide(now, view(*arrivals.items()), alive, params=params, estimates=estimates)
+    refused = answered - arrivals.keys()  # a learner holding a contribution is not refused
+    r = view(*arrivals.items(), refused=refused)
+    d = decide(now, r, alive, params=params, estimates=estimates)
     assert d.reason
     assert d.contributors == tuple(sorted(arrivals))
-    assert d.missing == tuple(sorted(alive - arrivals.keys()))
+    assert d.missing == tuple(sorted(alive - arrivals.keys() - refused))
     assert 1 <= d.quorum <= quorum
     if d.kind == "merge":
         assert len(d.contributors) >= d.quorum
         assert d.wake_at is None
     elif d.kind == "abandon":
-        assert len(d.contributors) < d.quorum and now >= params.round_timeout_s
+        every_live_answered = bool(alive) and bool(refused) and not d.missing
+        assert len(d.contributors) < d.quorum
+        assert now >= params.round_timeout_s or every_live_answered
     else:
         assert d.wake_at is None or d.wake_at > now
         assert d.wake_at is not None or not alive

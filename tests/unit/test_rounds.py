@@ -349,3 +349,26 @@ def test_without_drops_exactly_the_refused_and_keeps_them_seen(
     for who in refused & set(arrivals):
         _, again = after.admit(meta(who), now=200.0, max_staleness=MAX_STALENESS)
         assert again.kind == "duplicate"
+
+
+# ------------------------------------------------------------- answers refused before admission
+
+
+def test_a_refused_answer_to_the_open_round_marks_the_learner_refused_until_it_closes() -> None:
+    state = admit_all(fresh(round_id=4), (meta("L0"), 1.0))
+    assert state.refusing("L1", 4).refused == {"L1"}  # answered round 4, nothing held
+    assert state.refusing("L1", 4).view().refused == {"L1"}  # the policy sees it
+    assert state.refusing("L1", 2) is state  # another round's answer: L1 may still answer 4
+    assert state.refusing("L0", 4) is state  # L0 holds one: a contributor, not refused
+    later = state.refusing("L1", 4)
+    accepted, admission = later.admit(meta("L1", base=6), now=2.0, max_staleness=MAX_STALENESS)
+    assert admission.admitted and accepted.refused == frozenset()  # held now
+    assert later.reopened(round_id=6, opened_at_s=3.0).refused == frozenset()
+    assert later.after_merge(round_id=6, opened_at_s=3.0).refused == frozenset()
+
+
+def test_without_marks_refused_only_those_that_answered_the_open_round() -> None:
+    carried = admit_all(fresh(round_id=2), (meta("L0", round_id=2), 1.0))
+    state = admit_all(carried.reopened(round_id=4, opened_at_s=2.0), (meta("L1"), 3.0))
+    after = state.without(frozenset({"L0", "L1"}))
+    assert after.refused == {"L1"}  # L0's was round 2's, carried: it may still answer round 4

@@ -15,9 +15,17 @@ from dd_queue.bus import MemoryBus
 from dd_queue.cli import main
 from dd_queue.clock import FakeClock
 from dd_queue.errors import ConfigError
-from dd_queue.messages import Heartbeat
+from dd_queue.keys import SYNC_GROUP
+from dd_queue.messages import Heartbeat, RoundOpen
 from dd_queue.synchronizer import Synchronizer, snapshots
-from tests.synchronizer_support import beat, contribute, make_config, tiny_source
+from tests.synchronizer_support import (
+    beat,
+    contribute,
+    make_config,
+    opened,
+    records,
+    tiny_source,
+)
 
 EVERY = 2
 
@@ -152,3 +160,69 @@ def test_a_run_redis_lost_comes_back_from_its_snapshot_above_every_version_seen(
     assert "restored from snapshot v4" in again.fragments[0].state.last_reason
     assert snapshots.fragment_snapshots(tmp_path, "t", 0)[-1].version == expected  # bound reset
     assert again.versions()[1] == EVERY + 1  # fragment 1 never merged: back from its v0
+
+
+def test_a_restored_fragment_waits_on_no_round_of_the_history_redis_lost(tmp_path: Path) -> None:
+    """Found by the e2e restore: the synchronizer that lives through the loss announces fragment
+    1's next round on the new Redis before it sees the loss. Fragment 0's round before it was
+    announced, answered and merged in the lost history; taken as open again, it would wait out
+    its round timeout for answers the learners had already sent, while fragment 1 trained on."""
+    clock = FakeClock(1000.0)
+    bus = MemoryBus("t", clock=clock)
+    sync = _sync(bus, clock, tmp_path)
+    _merge_rounds(sync, bus, clock, 5)  # the snapshot holds v4; v5's round is merged, then lost
+    lost = sync.fragments[0].state.last_merged_round_id
+    assert lost is not None and lost % 2 == 0
+    empty = MemoryBus("t", clock=clock)
+    seen = RoundOpen(
+        run_id="t", fragment_id=1, round_id=lost + 1, opened_at_s=clock.now(), reason="late"
+    )
+    empty.append(empty.keys.opened_rounds(), seen.to_fields(), maxlen=100)
+    again = _sync(empty, clock, tmp_path)
+    for _ in range(400):
+        st = {s.fragment_id: s for s in again.status()}[0]
+        if st.announced:
+            break
+        again.pump()
+        clock.advance(0.01)
+    assert st.announced and st.round_id > lost  # a round the learners have not answered
+    seen_now = {(o.fragment_id, o.round_id) for o in opened(empty, again.ctx.cfg)}
+    assert (0, st.round_id) in seen_now  # and can see
+    _merge_rounds(again, empty, clock, 1)  # which merges
+
+
+def test_a_restored_round_whose_only_answer_is_stale_closes_at_once(tmp_path: Path) -> None:
+    """Found by the e2e restore too: L0 answered fragment 0's round on the new Redis from a
+    version of the lost history. The restored version is above every version a learner held,
+    so the answer is stale; L0 answers a round once, so the round waits for nothing more and
+    closes at once (it used to wait out its round timeout while fragment 1 trained on)."""
+    clock = FakeClock(1000.0)
+    bus = MemoryBus("t", clock=clock)
+    sync = _sync(bus, clock, tmp_path)
+    _merge_rounds(sync, bus, clock, 5)
+    lost = sync.fragments[0].state.last_merged_round_id
+    assert lost is not None
+    empty = MemoryBus("t", clock=clock)
+    cfg = sync.ctx.cfg
+    seen = RoundOpen(
+        run_id="t", fragment_id=0, round_id=lost + 2, opened_at_s=clock.now(), reason="late"
+    )
+    empty.append(empty.keys.opened_rounds(), seen.to_fields(), maxlen=100)
+    beat(empty, cfg, "L0")
+    contribute(
+        empty, cfg, learner_id="L0", fragment_id=0, round_id=lost + 2, base_version=1,
+        delta=np.full(sync.theta(0).size, 0.01, np.float32),
+    )  # fmt: skip
+    assert empty.read_group(empty.keys.up(0), SYNC_GROUP, "gone", count=10)  # the old owner's
+    clock.advance(1.0)  # idle past claim_idle_ms: reclaimed at the take
+    again = _sync(empty, clock, tmp_path)
+    version = again.versions()[0]
+    assert version - 1 > cfg.synchronizer.max_staleness  # restored above every held version
+    for _ in range(5):
+        again.pump()
+        clock.advance(0.01)
+    closed = [r for r in records(empty, cfg, 0) if r.round_id == lost + 2]
+    assert [r.decision for r in closed] == ["abandon"], closed
+    assert "every live learner answered" in closed[0].reason
+    assert [e.outcome for e in closed[0].entries] == ["stale"]
+    _merge_rounds(again, empty, clock, 1)  # the next round merges
