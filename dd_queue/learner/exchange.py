@@ -16,6 +16,7 @@ never waits, so nothing here ever blocks the training thread beyond a short lock
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import numpy.typing as npt
 import torch
 
 Float32Array = npt.NDArray[np.float32]
+
+log = logging.getLogger("dd_queue.learner")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,21 +225,49 @@ class RoundBook:
 
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _latest: dict[int, int] = field(default_factory=dict)
+    _opened_at: dict[int, float] = field(default_factory=dict)  # of the newest, when known
     _requested: dict[int, int] = field(default_factory=dict)
 
-    def announce(self, fragment_id: int, round_id: int, *, request: bool) -> bool:
+    def announce(
+        self, fragment_id: int, round_id: int, *, request: bool, opened_at_s: float | None = None
+    ) -> bool:
         """Record an opened round; with ``request`` ask for a snapshot of the fragment.
+
+        A fragment's round ids only grow within one history of the run's ``open`` stream (a
+        re-read repeats an opening with its time). An id not above the newest, opened *after*
+        it (``opened_at_s``), starts a new history: Redis lost the stream and a synchronizer
+        restored the fragment from its snapshot, counting its rounds from there. That round
+        is taken (ignoring it would leave every round of the new history unanswered until its
+        ids passed the lost ones).
 
         Returns:
             False when the round is not newer than one already announced (ignored).
         """
         with self._lock:
-            if round_id <= self._latest.get(fragment_id, -1):
+            latest = self._latest.get(fragment_id, -1)
+            if round_id <= latest and not self._new_history(fragment_id, round_id, opened_at_s):
                 return False
+            if round_id <= latest:
+                log.warning(
+                    "learner.rounds_restarted fragment %d: round %d opened after round %d was; "
+                    "the run's rounds start again (Redis lost them; restored from a snapshot)",
+                    fragment_id,
+                    round_id,
+                    latest,
+                )
             self._latest[fragment_id] = round_id
+            if opened_at_s is None:
+                self._opened_at.pop(fragment_id, None)
+            else:
+                self._opened_at[fragment_id] = opened_at_s
             if request:
                 self._requested[fragment_id] = round_id
             return True
+
+    def _new_history(self, fragment_id: int, round_id: int, opened_at_s: float | None) -> bool:
+        before = self._opened_at.get(fragment_id)
+        newer = opened_at_s is not None and before is not None and opened_at_s > before
+        return newer and round_id <= self._latest[fragment_id]
 
     def take_requested(self) -> dict[int, int]:
         """Fragment → round asked for since the last call."""

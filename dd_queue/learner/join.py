@@ -212,12 +212,19 @@ def register_and_wait(
     openings = follower.scan_opens()  # the position ends at the newest opening
     if not pump.settings.request_rounds:
         for opening in openings:
-            rounds.announce(opening.fragment_id, opening.round_id, request=False)
+            rounds.announce(
+                opening.fragment_id,
+                opening.round_id,
+                request=False,
+                opened_at_s=opening.opened_at_s,
+            )
         return initial
     # Synchronizer-paced: answer the rounds that are open now, not only those opened after we
     # joined (else a round opened just before waits its whole timeout for us).
+    opened_at = {(o.fragment_id, o.round_id): o.opened_at_s for o in openings}
     for fragment_id, round_id in still_open(openings, states).items():
-        rounds.announce(fragment_id, round_id, request=True)
+        when = opened_at[fragment_id, round_id]
+        rounds.announce(fragment_id, round_id, request=True, opened_at_s=when)
     return initial
 
 

@@ -241,7 +241,8 @@ class Pump:
         rounds: list[Pair] = []
         for opening in self.follower.read_opens(block_ms=block_ms):
             p, round_id = opening.fragment_id, opening.round_id
-            if self.rounds.announce(p, round_id, request=self.settings.request_rounds):
+            request = self.settings.request_rounds
+            if self.rounds.announce(p, round_id, request=request, opened_at_s=opening.opened_at_s):
                 rounds.append((p, round_id))
                 self._watch[p] = (round_id, self.clock.now() + self.settings.watch_s)
         return rounds

@@ -3,7 +3,9 @@
 The services as ``ddq`` processes on a redis-server **without persistence**. Once the run has
 merged past a few snapshots, Redis is killed (SIGKILL) and an empty one starts on the same port.
 The synchronizer (still running) finds no state and restores every fragment from its newest
-snapshot, above every version the learner reports. Then:
+snapshot, above every version the learner reports. In the second case the synchronizer is
+killed with Redis (one host lost) and a new process restores the run; its rounds count again
+from the snapshot's, ids the learner saw in the lost history. Then:
 
 * rounds merge again, with the learner's contributions, and none waits out its timeout: no
   fragment waits on a round of the lost history (answered and merged there already) while the
@@ -48,7 +50,12 @@ def _applied(path: Path) -> list[tuple[int, int]]:
     return pairs
 
 
-def test_the_run_comes_back_from_its_snapshots_after_redis_is_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_synchronizer", [False, True], ids=["redis", "redis+synchronizer"])
+def test_the_run_comes_back_from_its_snapshots_after_redis_is_lost(
+    tmp_path: Path, with_synchronizer: bool
+) -> None:
+    """``with_synchronizer``: the synchronizer dies with Redis (one host) and a new process
+    restores the run; the learner saw round ids of the lost history that the new one reuses."""
     require_redis_server()
     snaps, steps = tmp_path / "snapshots", tmp_path / "L0.jsonl"
     with RedisProcess() as redis_server:  # no AOF, no RDB: a kill loses everything
@@ -78,8 +85,13 @@ def test_the_run_comes_back_from_its_snapshots_after_redis_is_lost(tmp_path: Pat
                 "two snapshots of each fragment past version 0, and evaluations",
             )
             before = _losses(services)
+            if with_synchronizer:
+                services.procs["synchronizer"].kill()
+                services.procs["synchronizer"].wait()
             redis_server.kill()
             redis_server.start()  # empty, same port
+            if with_synchronizer:
+                services.start("synchronizer")
             services.wait_log(
                 "synchronizer", r"fragment\.restored \d+: version \d+ \(from snapshot v", 120
             )

@@ -215,6 +215,26 @@ def test_round_book_requests_only_newer_rounds():
     assert book.latest(1) == 5 and book.latest(0) is None
 
 
+def test_round_book_takes_a_lower_round_opened_later_as_a_new_history(caplog):
+    """After Redis lost the run, a synchronizer restored from its snapshot reuses round ids
+    the learner saw: a lower id opened after the newest starts the fragment's rounds again."""
+    book = RoundBook()
+    assert book.announce(0, 80, request=True, opened_at_s=100.0)
+    assert not book.announce(0, 80, request=True, opened_at_s=100.0)  # a re-read
+    assert not book.announce(0, 76, request=True, opened_at_s=99.0)  # older: ignored
+    assert book.take_requested() == {0: 80}
+    with caplog.at_level("WARNING", logger="dd_queue.learner"):
+        assert book.announce(0, 74, request=True, opened_at_s=110.0)  # the new history
+    assert "learner.rounds_restarted fragment 0: round 74 opened after round 80" in caplog.text
+    assert book.take_requested() == {0: 74} and book.latest(0) == 74
+    assert not book.announce(0, 72, request=True, opened_at_s=109.0)  # the lost history's
+    assert not book.announce(0, 74, request=True, opened_at_s=110.0)  # a re-read
+    assert book.announce(0, 74, request=True, opened_at_s=112.0)  # the same id, later: anew
+    assert book.announce(0, 76, request=True, opened_at_s=113.0)  # and on from there
+    assert book.announce(1, 9, request=False)  # no time known for the newest:
+    assert not book.announce(1, 4, request=False, opened_at_s=200.0)  # a lower id is ignored
+
+
 # ── parameters, shards, devices ─────────────────────────────────────────────────────────────
 
 
