@@ -257,12 +257,16 @@ class _Round:
     n_reachable: int
     quorum: int
     prefix: str  # explains a shrunk quorum, else ""
-    refused: tuple[str, ...] = ()  # answered this round, refused, holding nothing
     unacked: int = 0  # entries settled without a merge, acknowledged by the next commit
 
     @property
     def deadline_s(self) -> float:
         return self.view.opened_at_s + self.params.round_timeout_s
+
+    @property
+    def refused(self) -> tuple[str, ...]:
+        """Learners that answered this round, were refused and hold nothing."""
+        return tuple(sorted(self.view.refused))
 
     @property
     def tally(self) -> str:
@@ -328,7 +332,6 @@ def decide(
         params=params,
         held=held,
         missing=tuple(sorted(frozenset(live_learners) - view.contributors - view.refused)),
-        refused=tuple(sorted(view.refused)),
         n_reachable=reachable,
         quorum=quorum,
         prefix=prefix,

@@ -241,13 +241,13 @@ class RoundBook:
         ids passed the lost ones).
 
         Returns:
-            False when the round is not newer than one already announced (ignored).
+            False when the round is ignored: not above the newest, and not opened after it.
         """
         with self._lock:
             latest = self._latest.get(fragment_id, -1)
-            if round_id <= latest and not self._new_history(fragment_id, round_id, opened_at_s):
-                return False
             if round_id <= latest:
+                if not self._opened_after_newest(fragment_id, opened_at_s):
+                    return False
                 log.warning(
                     "learner.rounds_restarted fragment %d: round %d opened after round %d was; "
                     "the run's rounds start again (Redis lost them; restored from a snapshot)",
@@ -264,10 +264,9 @@ class RoundBook:
                 self._requested[fragment_id] = round_id
             return True
 
-    def _new_history(self, fragment_id: int, round_id: int, opened_at_s: float | None) -> bool:
+    def _opened_after_newest(self, fragment_id: int, opened_at_s: float | None) -> bool:
         before = self._opened_at.get(fragment_id)
-        newer = opened_at_s is not None and before is not None and opened_at_s > before
-        return newer and round_id <= self._latest[fragment_id]
+        return opened_at_s is not None and before is not None and opened_at_s > before
 
     def take_requested(self) -> dict[int, int]:
         """Fragment → round asked for since the last call."""
