@@ -6,7 +6,10 @@
 
 Throughput is defined on the data the merge must read: the bytes of all M contributions,
 M × N × 4 B of float32, divided by the wall time of ``merge_fragment`` (token weights, anchored
-contributions) plus ``nesterov_step`` on the N-element fragment. The baseline is ``np.copyto`` of
+contributions) with the outer step in place on the N-element fragment
+(``merge_fragment(step=OuterStep(...))``: a weighted mean steps each merged piece while it is in
+cache, as the synchronizer does; until 2026-12-07 the bench called ``nesterov_step`` after the
+merge, which stores Δ and reads it back). The baseline is ``np.copyto`` of
 the same bytes (each of the M contribution buffers copied into one N-element buffer), measured in
 the same run. Each timing is the best of ``--repeats`` runs after one warm-up, merge and copy
 timed alternately. The merge and the outer step share their pieces between ``--threads``
@@ -46,7 +49,7 @@ from dd_queue.config import SynchronizerConfig
 from dd_queue.core.codec import CodecSpec, DecodeLimits, decode, decode_delta, encode
 from dd_queue.core.fragments import Fragment, plan_fragments
 from dd_queue.core.merge import ContributionData, merge_fragment, segment_sq_norms
-from dd_queue.core.outer import NesterovState, nesterov_step
+from dd_queue.core.outer import NesterovState, OuterStep, nesterov_step
 from dd_queue.core.workers import Workers
 from dd_queue.synchronizer.workers import merge_threads, shared_workers
 
@@ -109,14 +112,15 @@ def _row(
     sink = np.empty(n, dtype=np.float32)
 
     def merge_and_step() -> None:
-        result = merge_fragment(
+        step = OuterStep(params, state, lr=0.7, momentum=0.9)
+        merge_fragment(
             contribs,
             fragment,
             rule=rule,  # type: ignore[arg-type]
             out=delta,
             workers=workers,
+            step=step,
         )
-        nesterov_step(params, result.delta, state, lr=0.7, momentum=0.9, workers=workers)
 
     def copy_baseline() -> None:
         for v in vectors:

@@ -263,7 +263,7 @@ class RoundRecord(Message):
     """What one round of one fragment did and why (for the API, dashboard and audits).
 
     ``version_after`` is ``version_before + 1`` for a merge and equal to it for an abandon.
-    ``timings_s`` holds named durations (e.g. ``merge``, ``outer_step``, ``publish``), seconds.
+    ``timings_s`` holds named durations (e.g. ``merge`` with the outer step, ``stage``), seconds.
     """
 
     TYPE: ClassVar[str] = "round"

@@ -201,7 +201,7 @@ def round_scalars(record: RoundRecord) -> dict[str, float | None]:
         "unmerged": len(unmerged),
         "open_to_quorum_s": None if quorum is None else max(0.0, quorum - opened),
         "quorum_to_merge_s": None if quorum is None else max(0.0, closed - quorum),
-        "merge_to_commit_s": sum(timings.get(k, 0.0) for k in ("merge", "outer_step", "stage")),
+        "merge_to_commit_s": sum(timings.get(k, 0.0) for k in ("merge", "stage")),
     }
 
 

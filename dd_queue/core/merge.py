@@ -23,6 +23,11 @@ scratch buffer and added to ``out`` while both stay in cache. Squared norms are 
 summed in fp64, in piece order. The pieces of that weighted sum may be shared between threads
 (``workers``, ``core.workers``: numpy releases the GIL in each piece), with the same bits; a
 merge that folds codes (below) stays on one thread.
+With ``step`` (``core.outer.OuterStep``) the merge also takes the outer step. A fragment merged by
+the weighted mean throughout steps each piece as soon as it is summed, in a scratch buffer, so
+Δ never goes to memory and is not read back: two of the eight passes over memory of a merge
+followed by ``nesterov_step`` (bench/bench_merge.py); the same bits. RDA scales a segment only
+once it is summed whole, so there Δ is stored and then stepped.
 Contributions with zero weight are never read (so they are not checked for NaN). RDA needs
 every contribution's per-segment norms before it can scale anything, so a merge reads each Δ_m
 twice, the first time only for its norms; a caller that has Δ_m in cache earlier (the
@@ -58,6 +63,7 @@ from dd_queue.core.blockwise import (
     values,
 )
 from dd_queue.core.fragments import Fragment, Segment
+from dd_queue.core.outer import OuterStep
 from dd_queue.core.workers import Workers, split_map
 from dd_queue.errors import CoreError
 
@@ -112,7 +118,9 @@ class MergeResult:
     Attributes:
         kind: ``"merged"``, or ``"no_update"`` when no contribution has weight; then ``delta`` is
             zeros and the caller must skip the outer step (momentum would still move Θ).
-        delta: Merged Δ, float32 of the fragment's size.
+        delta: Merged Δ, float32 of the fragment's size; None when the merge took the outer
+            step itself piece by piece and never stored Δ (``step=`` on a fragment merged
+            by the weighted mean throughout).
         learner_ids: Contributors, in input order.
         weights: Normalised weights a_m (sum 1, or all 0 for ``no_update``), in input order.
         rule: Merge rule used for non-embedding segments.
@@ -122,7 +130,7 @@ class MergeResult:
     """
 
     kind: Literal["merged", "no_update"]
-    delta: F32
+    delta: F32 | None
     learner_ids: tuple[str, ...]
     weights: tuple[float, ...]
     rule: Rule
@@ -155,7 +163,9 @@ def weighted_mean(
     """Σ a_m v_m, a_m = w_m / Σ w, over whole flat vectors (zeros if every weight is 0)."""
     size = vectors[0].size if vectors else 0
     whole = Fragment(index=0, segments=(Segment("all", 0, size, (size,), False),), size=size)
-    return merge_weighted(vectors, weights, whole, rule="mean", out=out).delta
+    delta = merge_weighted(vectors, weights, whole, rule="mean", out=out).delta
+    assert delta is not None  # stored whenever no step is taken
+    return delta
 
 
 def merge_fragment(
@@ -167,8 +177,10 @@ def merge_fragment(
     out: F32 | None = None,
     min_direction_norm: float = MIN_DIRECTION_NORM,
     workers: Workers | None = None,
+    step: OuterStep | None = None,
 ) -> MergeResult:
-    """Merge one round's contributions to ``fragment`` (synchronizer step 3, arXiv 2604.21428).
+    """Merge one round's contributions to ``fragment`` (synchronizer step 3, arXiv 2604.21428),
+    and with ``step`` also take the outer step with the merged Δ (step 4).
 
     Args:
         contribs: At most one per learner, already anchored (see ``anchor_contributions``).
@@ -179,9 +191,15 @@ def merge_fragment(
         min_direction_norm: RDA degeneracy threshold (module doc).
         workers: Threads to share the weighted sums with (``core.workers``); the same bits
             with any.
+        step: The outer step (``core.outer.OuterStep``) to take with Δ, only when the result
+            is ``"merged"``; the same bits as ``nesterov_step`` after the merge. A fragment
+            merged by the weighted mean throughout steps each piece while it is in cache and
+            never stores Δ (``out`` is left alone, ``delta`` is None); otherwise Δ is stored
+            in ``out`` and then stepped. A ``CoreError`` (non-finite Δ) may come after some
+            pieces were stepped: give the step an ``out`` when the old Θ_p must survive it.
 
     Returns:
-        The merge result; ``kind == "no_update"`` when every weight is zero.
+        The merge result; ``kind == "no_update"`` when every weight is zero (no step taken).
 
     Raises:
         CoreError: Duplicate learner, bad counts, wrong shape/dtype, or non-finite values.
@@ -204,6 +222,7 @@ def merge_fragment(
         min_direction_norm=min_direction_norm,
         sq_norms=[c.sq_norms for c in contribs],
         workers=workers,
+        step=step,
     )
 
 
@@ -218,12 +237,13 @@ def merge_weighted(
     min_direction_norm: float = MIN_DIRECTION_NORM,
     sq_norms: Sequence[F64 | None] | None = None,
     workers: Workers | None = None,
+    step: OuterStep | None = None,
 ) -> MergeResult:
     """Merge flat vectors with explicit weights w_m ≥ 0 (only their ratios matter).
 
     Same as :func:`merge_fragment` after the weights are chosen; ``learner_ids`` default to
     ``"0", "1", ...``; ``sq_norms`` (one per vector, each None or ``segment_sq_norms`` of it)
-    spare the RDA merge its first pass over those vectors; ``workers`` as in
+    spare the RDA merge its first pass over those vectors; ``workers`` and ``step`` as in
     :func:`merge_fragment`.
 
     Raises:
@@ -233,6 +253,8 @@ def merge_weighted(
     """
     ids = tuple(learner_ids) if learner_ids is not None else tuple(map(str, range(len(vectors))))
     w, dst = _validated(vectors, weights, ids, rule, out, fragment.size)
+    if step is not None:
+        _check_step(step, vectors, dst, fragment.size)
     if not (math.isfinite(min_direction_norm) and min_direction_norm > 0):
         raise CoreError(f"min_direction_norm must be finite and > 0, got {min_direction_norm!r}")
     known = _known_norms(sq_norms, ids, len(fragment.segments))
@@ -242,11 +264,17 @@ def merge_weighted(
         why = "no contributions" if not ids else f"all {len(ids)} contributions have zero weight"
         return MergeResult("no_update", dst, ids, (0.0,) * len(ids), rule, (), 0.0, why)
     a = w / total
+    layout = _Layout.of(fragment.segments, rule)
+    fused = step if step is not None and not layout.rda.any() else None
     with np.errstate(over="ignore", invalid="ignore"):
-        layout = _Layout.of(fragment.segments, rule)
-        fallback, sq = _merge(vectors, a, layout, dst, min_direction_norm, known, workers)
+        fallback, sq = _merge(vectors, a, layout, dst, min_direction_norm, known, workers, fused)
     if not math.isfinite(sq):
         _raise_non_finite(vectors, a, ids)
+    if fused is not None:
+        fused.finish()
+    elif step is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            step.over(dst, workers)
     names = tuple(fragment.segments[s].name for s in fallback)
     shares = ", ".join(f"{i} {x:.3f}" for i, x in zip(ids[:8], a, strict=False))
     shares += f", +{len(ids) - 8} more" if len(ids) > 8 else ""
@@ -257,7 +285,8 @@ def merge_weighted(
     if names:
         reason += f"; weighted mean where directions cancelled: {', '.join(names)}"
     weights_out = tuple(float(x) for x in a)
-    return MergeResult("merged", dst, ids, weights_out, rule, names, math.sqrt(sq), reason)
+    stored = None if fused is not None else dst
+    return MergeResult("merged", stored, ids, weights_out, rule, names, math.sqrt(sq), reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,15 +325,17 @@ def _merge(
     min_dir: float,
     known: Sequence[F64 | None],
     workers: Workers | None,
+    step: OuterStep | None = None,
 ) -> tuple[list[int], float]:
-    """Fill ``out``; return (fallback segment indices, ‖out‖², NaN if an input is not finite).
-    ``known[m]``: the squared segment norms of ``vectors[m]``, or None to compute them."""
+    """Fill ``out``; return (fallback segment indices, ‖Δ‖², NaN if an input is not finite).
+    ``known[m]``: the squared segment norms of ``vectors[m]``, or None to compute them.
+    ``step`` (a layout without RDA only): step each piece of Δ instead of storing it."""
     active = np.flatnonzero(a > 0)
     vs = [vectors[int(i)] for i in active]
     aa = a[active]
     mean_coef = np.repeat(aa[:, None], layout.rda.size, axis=1)  # (M_active, S)
     if not layout.rda.any():
-        sq = _accumulate(out, vs, mean_coef, layout.pieces, layout.rda.size, workers)
+        sq = _accumulate(out, vs, mean_coef, layout.pieces, layout.rda.size, workers, step)
         return [], float(sq.sum())
     sq_norms = [known[int(i)] for i in active]
     norms = np.sqrt(
@@ -386,11 +417,13 @@ def _accumulate(
     pieces: Sequence[tuple[int, int, int]],
     n_seg: int,
     workers: Workers | None = None,
+    step: OuterStep | None = None,
 ) -> F64:
     """out[piece] = Σ_m coef[m, segment] · vs[m][piece], piece by piece while it is in cache
     (the pieces shared between ``workers`` when no codes are folded); returns the squared
     norm of ``out`` per segment (0 for segments not in ``pieces``), summed in piece order
-    whatever the workers.
+    whatever the workers. With ``step``, each piece is summed into a scratch buffer instead
+    and stepped at once (``OuterStep.piece``): Δ never goes to memory, ``out`` is untouched.
 
     In each piece, blockwise codes are summed first, one ``CodesSum`` per block size (in order
     of first appearance), then the float32 vectors (and codes of unusual block sizes), in input
@@ -406,9 +439,12 @@ def _accumulate(
     def run(mine: Sequence[tuple[int, int, int]]) -> list[float]:
         scratch = np.empty(CHUNK_ELEMENTS, dtype=np.float32)  # per thread, as the CodesSums
         sums = [(CodesSum([cast(Blockwise, vs[m]) for m in ms]), ms) for ms in groups.values()]
+        own = np.empty(CHUNK_ELEMENTS, dtype=np.float32) if step is not None else None
+        step_scratch = step.scratch() if step is not None else None
         dots = []
         for start, stop, s in mine:
-            dst, tmp = out[start:stop], scratch[: stop - start]
+            dst = out[start:stop] if own is None else own[: stop - start]
+            tmp = scratch[: stop - start]
             for i, (codes, ms) in enumerate(sums):
                 codes.into(dst, c32[ms, s], start, stop, add=i > 0)
             for i, m in enumerate(rest):
@@ -418,6 +454,8 @@ def _accumulate(
                     np.multiply(values(vs[m], start, stop, tmp), c32[m, s], out=tmp)
                     np.add(dst, tmp, out=dst)
             dots.append(_sq(dst))
+            if step is not None and step_scratch is not None:
+                step.piece(start, stop, dst, step_scratch)
         return dots
 
     # Codes are summed in many small numpy calls (sub-pieces of a few thousand elements) that
@@ -514,6 +552,15 @@ def _validated(
     if any(shares_memory(out, v) for v in vectors):
         raise CoreError("out overlaps a contribution; pass a separate buffer")
     return w, out
+
+
+def _check_step(step: OuterStep, vectors: Sequence[Delta], out: F32, size: int) -> None:
+    """The step is of the fragment's size and writes into none of the merge's arrays."""
+    if step.size != size:
+        raise CoreError(f"the outer step is over {step.size} elements; the fragment has {size}")
+    for a in step.writes():
+        if np.may_share_memory(a, out) or any(shares_memory(a, v) for v in vectors):
+            raise CoreError("the outer step writes into a contribution or out; separate them")
 
 
 def _known_norms(

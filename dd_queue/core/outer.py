@@ -65,6 +65,121 @@ class NesterovState:
         return cls(momentum_buffer=np.zeros(size, dtype=np.float32), step=0)
 
 
+class OuterStep:
+    """One outer step on Θ_p and its state, taken piece by piece as Δ's pieces become known:
+    by :func:`nesterov_step` over a whole Δ, or by the merge itself while each merged piece is
+    still in cache (``core.merge.merge_fragment(step=...)``, which then never stores Δ).
+
+    Every element's arithmetic is the same whatever the pieces, so the result is bit-identical
+    to one pass over the whole Δ. Pieces must be disjoint; they may run on several threads,
+    each with its own :meth:`scratch`. Call :meth:`finish` once after the last piece.
+
+    Args:
+        params: Θ_p, float32, updated in place (read only with ``out``).
+        state: Momentum buffer and step count, updated in place (read only with ``out``).
+        lr: Outer learning rate (≥ 0; DiLoCo used 0.7).
+        momentum: μ in [0, 1) (DiLoCo used 0.9); 0 is plain SGD.
+        weight_decay: λ ≥ 0, added to the gradient as λ·Θ (torch's coupled decay).
+        out: New Θ_p and state to write instead (arrays of the same shape that overlap
+            none of the inputs; their content is ignored): the same values as in place,
+            without first copying Θ_p and b to keep the old ones.
+
+    Raises:
+        CoreError: Shapes or dtypes differ, ``out`` overlaps an input, or a hyperparameter
+            is out of range.
+    """
+
+    __slots__ = (
+        "_b_out",
+        "_buf",
+        "_first",
+        "_p_out",
+        "_s_out",
+        "lr",
+        "momentum",
+        "params",
+        "state",
+        "weight_decay",
+    )
+
+    def __init__(
+        self,
+        params: F32,
+        state: NesterovState,
+        *,
+        lr: float,
+        momentum: float,
+        weight_decay: float = 0.0,
+        out: tuple[F32, NesterovState] | None = None,
+    ) -> None:
+        _check_step_args(params, params, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.params, self.state = params, state
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self._p_out, self._s_out = out if out is not None else (params, state)
+        if out is not None:
+            _check_out(self._p_out, self._s_out, (params, state.momentum_buffer))
+        self._first = state.step == 0
+        self._buf, self._b_out = state.momentum_buffer, self._s_out.momentum_buffer
+
+    @property
+    def size(self) -> int:
+        """Elements of Θ_p."""
+        return int(self.params.size)
+
+    def writes(self) -> tuple[F32, F32]:
+        """The arrays the step writes (Θ_p and b, or ``out``'s): a Δ must overlap neither."""
+        return self._p_out, self._b_out
+
+    def scratch(self) -> tuple[F32, F32]:
+        """Two temporaries of one piece (``CHUNK_ELEMENTS``), for one thread's pieces."""
+        n = min(CHUNK_ELEMENTS, self.size)
+        return np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+
+    def piece(self, start: int, stop: int, g: F32, scratch: tuple[F32, F32]) -> None:
+        """Step elements [start, stop) with their Δ piece ``g`` (``stop - start`` ≤
+        ``CHUNK_ELEMENTS`` elements; read only)."""
+        n, (g_tmp, u_tmp) = stop - start, scratch
+        p, b = self.params[start:stop], self._buf[start:stop]
+        pn, bn = self._p_out[start:stop], self._b_out[start:stop]
+        momentum, lr = self.momentum, self.lr
+        if self.weight_decay:
+            g = np.add(g, np.multiply(p, self.weight_decay, out=g_tmp[:n]), out=g_tmp[:n])
+        u = g
+        if momentum:
+            if self._first:
+                np.copyto(bn, g)
+            else:
+                np.multiply(b, momentum, out=bn)
+                np.add(bn, g, out=bn)
+            u = np.add(g, np.multiply(bn, momentum, out=u_tmp[:n]), out=u_tmp[:n])
+        elif bn is not b:
+            np.copyto(bn, b)  # plain SGD leaves the buffer alone
+        np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=pn)
+
+    def finish(self) -> None:
+        """Count the step (after every piece is done)."""
+        self._s_out.step = self.state.step + 1
+
+    def over(self, delta: F32, workers: Workers | None = None) -> None:
+        """The whole step with a stored Δ (read only, same shape), its chunks shared between
+        ``workers``; then :meth:`finish`."""
+        if delta.dtype != np.float32 or delta.shape != self.params.shape:
+            raise CoreError(
+                f"delta must be float32 of shape {self.params.shape}, got "
+                f"{delta.dtype} {delta.shape}"
+            )
+
+        def chunks(starts: Sequence[int]) -> list[None]:
+            scratch = self.scratch()
+            for start in starts:
+                stop = min(start + CHUNK_ELEMENTS, self.size)
+                self.piece(start, stop, delta[start:stop], scratch)
+            return [None] * len(starts)
+
+        split_map(chunks, range(0, self.size, CHUNK_ELEMENTS), workers)
+        self.finish()
+
+
 def nesterov_step(
     params: F32,
     delta: F32,
@@ -77,18 +192,13 @@ def nesterov_step(
     workers: Workers | None = None,
 ) -> None:
     """One outer step, in place on ``params`` and ``state`` (formulas in the module doc), or
-    into ``out``.
+    into ``out``: :class:`OuterStep` over the whole ``delta``.
 
     Args:
         params: Θ_p, float32, updated in place (read only with ``out``).
         delta: The merged pseudo-gradient Δ (read only), same shape.
         state: Momentum buffer and step count, updated in place (read only with ``out``).
-        lr: Outer learning rate (≥ 0; DiLoCo used 0.7).
-        momentum: μ in [0, 1) (DiLoCo used 0.9); 0 is plain SGD.
-        weight_decay: λ ≥ 0, added to the gradient as λ·Θ (torch's coupled decay).
-        out: New Θ_p and state to write instead (arrays of the same shape that overlap
-            none of the inputs; their content is ignored): the same values as in place,
-            without first copying Θ_p and b to keep the old ones.
+        lr, momentum, weight_decay, out: As :class:`OuterStep`.
         workers: Threads to share the chunks with (``core.workers``); the same bits with any.
 
     Raises:
@@ -96,37 +206,10 @@ def nesterov_step(
             is out of range.
     """
     _check_step_args(params, delta, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    p_out, s_out = out if out is not None else (params, state)
     if out is not None:
-        _check_out(p_out, s_out, (params, delta, state.momentum_buffer))
-    first = state.step == 0
-    buf, b_out = state.momentum_buffer, s_out.momentum_buffer
-
-    def chunks(starts: Sequence[int]) -> list[None]:
-        g_tmp = np.empty(min(CHUNK_ELEMENTS, params.size), dtype=np.float32)
-        u_tmp = np.empty_like(g_tmp)
-        for start in starts:
-            stop = min(start + CHUNK_ELEMENTS, params.size)
-            p, b, n = params[start:stop], buf[start:stop], stop - start
-            pn, bn = p_out[start:stop], b_out[start:stop]
-            g = delta[start:stop]
-            if weight_decay:
-                g = np.add(g, np.multiply(p, weight_decay, out=g_tmp[:n]), out=g_tmp[:n])
-            u = g
-            if momentum:
-                if first:
-                    np.copyto(bn, g)
-                else:
-                    np.multiply(b, momentum, out=bn)
-                    np.add(bn, g, out=bn)
-                u = np.add(g, np.multiply(bn, momentum, out=u_tmp[:n]), out=u_tmp[:n])
-            elif bn is not b:
-                np.copyto(bn, b)  # plain SGD leaves the buffer alone
-            np.subtract(p, np.multiply(u, lr, out=u_tmp[:n]), out=pn)
-        return [None] * len(starts)
-
-    split_map(chunks, range(0, params.size, CHUNK_ELEMENTS), workers)
-    s_out.step = state.step + 1
+        _check_out(out[0], out[1], (params, delta, state.momentum_buffer))
+    step = OuterStep(params, state, lr=lr, momentum=momentum, weight_decay=weight_decay, out=out)
+    step.over(delta, workers)
 
 
 def state_to_bytes(state: NesterovState) -> bytes:
@@ -238,6 +321,7 @@ def _check_step_args(
 __all__ = [
     "STATE_FORMAT",
     "NesterovState",
+    "OuterStep",
     "nesterov_step",
     "state_from_bytes",
     "state_from_dict",

@@ -4,8 +4,10 @@ Decoupled DiLoCo's synchronizer steps 3-4 (Douillard et al., arXiv 2604.21428):
 
 1. re-anchor each held Δ_m at Θ_p(now) (``core.anchor``; a base that left the ring is dropped);
 2. merge with token weights w_m = tokens_m · tokens_m / steps_m (``core.merge``, RDA or mean);
-3. Nesterov outer step on a copy of Θ_p and the momentum (``core.outer``), skipped when no
-   contribution has weight (``no_update``: the version still advances, Θ_p unchanged).
+3. Nesterov outer step into new arrays for Θ_p and the momentum (``core.outer.OuterStep``,
+   taken by the merge: a weighted mean steps each piece of Δ while it is in cache and never
+   stores Δ), skipped when no contribution has weight (``no_update``: the version still
+   advances, Θ_p unchanged).
 
 Nothing is written here; ``commit`` stages and commits the result. A merge whose Δ, new Θ_p or
 momentum is not finite (finite contributions can still overflow float32 in the merge or the
@@ -25,7 +27,7 @@ import numpy as np
 
 from dd_queue.core.anchor import anchor_contributions
 from dd_queue.core.merge import F32, ContributionData, MergeResult, merge_fragment
-from dd_queue.core.outer import NesterovState, nesterov_step
+from dd_queue.core.outer import NesterovState, OuterStep
 from dd_queue.errors import CoreError
 from dd_queue.messages import ContributorRecord, EntryOutcome
 from dd_queue.synchronizer.context import Context
@@ -96,6 +98,15 @@ def _combine(ctx: Context, rt: FragmentRuntime, held: Sequence[Held]) -> Merged:
     out = buffers.take(size)
     theta = buffers.take(size)
     momentum = NesterovState(buffers.take(size), rt.momentum.step)
+    # the outer step writes new arrays: Θ_p and b stay as committed until the commit (and
+    # survive a merge that fails); a weighted mean steps each piece of Δ while it is in cache
+    step = OuterStep(
+        rt.theta,
+        rt.momentum,
+        lr=sync.outer_lr,
+        momentum=sync.outer_momentum,
+        out=(theta, momentum),
+    )
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked, not warned
             result = merge_fragment(
@@ -105,23 +116,12 @@ def _combine(ctx: Context, rt: FragmentRuntime, held: Sequence[Held]) -> Merged:
                 weighting=sync.weighting,
                 out=out,
                 workers=ctx.workers,
+                step=step,
             )
     except CoreError as exc:  # finite contributions whose merged Δ overflows float32
         log.debug("merge overflow on fragment %d: %s", rt.fragment_id, exc)
         return Merged(tuple(held), theta, momentum, None, (), (), {}, out)
-    t1 = clock.now()
-    if result.kind == "merged":  # into new arrays: Θ_p and b stay as committed until the commit
-        with np.errstate(over="ignore", invalid="ignore"):
-            nesterov_step(
-                rt.theta,
-                result.delta,
-                rt.momentum,
-                lr=sync.outer_lr,
-                momentum=sync.outer_momentum,
-                out=(theta, momentum),
-                workers=ctx.workers,
-            )
-    else:
+    if result.kind == "no_update":
         np.copyto(theta, rt.theta)
         np.copyto(momentum.momentum_buffer, rt.momentum.momentum_buffer)
     dropped = {a.learner_id: a.reason for a in anchorings if a.dropped}
@@ -147,7 +147,7 @@ def _combine(ctx: Context, rt: FragmentRuntime, held: Sequence[Held]) -> Merged:
         for h in held
         if h.msg.learner_id in weights
     )
-    timings = {"merge": t1 - t0, "outer_step": clock.now() - t1}
+    timings = {"merge": clock.now() - t0}  # with the outer step (one pass for a mean)
     return Merged(tuple(held), theta, momentum, result, outcomes, contributors, timings, out)
 
 

@@ -153,8 +153,8 @@ def test_a_merge_commits_counters_estimates_reason_owner_record_and_event(bus, c
         b: "merged",
         dup: "duplicate",
     }
-    assert set(record.timings_s) == {"merge", "outer_step", "stage", "grace_window"}
-    assert record.timings_s["merge"] == record.timings_s["outer_step"] == 0.0
+    assert set(record.timings_s) == {"merge", "stage", "grace_window"}
+    assert record.timings_s["merge"] == 0.0
     assert record.timings_s["stage"] == 0.0
     # the event and the log line
     [event] = events(bus, cfg, "round.merged")

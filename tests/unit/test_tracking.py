@@ -170,7 +170,7 @@ def _record(**kw: Any) -> RoundRecord:
         "opened_at_s": 100.0,
         "quorum_at_s": 101.5,
         "closed_at_s": 102.0,
-        "timings_s": {"grace_window": 0.5, "merge": 0.01, "outer_step": 0.02, "stage": 0.03},
+        "timings_s": {"grace_window": 0.5, "merge": 0.03, "stage": 0.03},
     }
     return RoundRecord(**{**base, **kw})
 
