@@ -439,11 +439,13 @@ def _accumulate(
     def run(mine: Sequence[tuple[int, int, int]]) -> list[float]:
         scratch = np.empty(CHUNK_ELEMENTS, dtype=np.float32)  # per thread, as the CodesSums
         sums = [(CodesSum([cast(Blockwise, vs[m]) for m in ms]), ms) for ms in groups.values()]
-        own = np.empty(CHUNK_ELEMENTS, dtype=np.float32) if step is not None else None
-        step_scratch = step.scratch() if step is not None else None
+        # with a step, Δ's piece goes to a scratch of its own and is stepped at once
+        stepping = (
+            (np.empty(CHUNK_ELEMENTS, dtype=np.float32), step, step.scratch()) if step else None
+        )
         dots = []
         for start, stop, s in mine:
-            dst = out[start:stop] if own is None else own[: stop - start]
+            dst = out[start:stop] if stepping is None else stepping[0][: stop - start]
             tmp = scratch[: stop - start]
             for i, (codes, ms) in enumerate(sums):
                 codes.into(dst, c32[ms, s], start, stop, add=i > 0)
@@ -454,8 +456,8 @@ def _accumulate(
                     np.multiply(values(vs[m], start, stop, tmp), c32[m, s], out=tmp)
                     np.add(dst, tmp, out=dst)
             dots.append(_sq(dst))
-            if step is not None and step_scratch is not None:
-                step.piece(start, stop, dst, step_scratch)
+            if stepping is not None:
+                stepping[1].piece(start, stop, dst, stepping[2])
         return dots
 
     # Codes are summed in many small numpy calls (sub-pieces of a few thousand elements) that

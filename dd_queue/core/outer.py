@@ -112,7 +112,7 @@ class OuterStep:
         weight_decay: float = 0.0,
         out: tuple[F32, NesterovState] | None = None,
     ) -> None:
-        _check_step_args(params, params, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        _check_step_args(params, None, state, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.params, self.state = params, state
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self._p_out, self._s_out = out if out is not None else (params, state)
@@ -297,19 +297,23 @@ def _check_out(params: F32, state: NesterovState, inputs: tuple[F32, ...]) -> No
 
 def _check_step_args(
     params: F32,
-    delta: F32,
+    delta: F32 | None,
     state: NesterovState,
     *,
     lr: float,
     momentum: float,
     weight_decay: float,
 ) -> None:
-    arrays = (params, delta, state.momentum_buffer)
+    """Flat float32 arrays of one shape (Δ too, when given) and hyperparameters in range."""
+    arrays = (
+        (params, state.momentum_buffer) if delta is None else (params, delta, state.momentum_buffer)
+    )
+    names = "params and momentum buffer" if delta is None else "params, delta and momentum buffer"
     if any(a.dtype != np.float32 or a.ndim != 1 for a in arrays):
-        raise CoreError("params, delta and momentum buffer must be flat float32 arrays")
-    if not params.shape == delta.shape == state.momentum_buffer.shape:
+        raise CoreError(f"{names} must be flat float32 arrays")
+    if len({a.shape for a in arrays}) > 1:
         shapes = [a.shape for a in arrays]
-        raise CoreError(f"params, delta and momentum buffer shapes differ: {shapes}")
+        raise CoreError(f"{names} shapes differ: {shapes}")
     if not (math.isfinite(lr) and lr >= 0):
         raise CoreError(f"outer lr must be finite and ≥ 0, got {lr}")
     if not 0.0 <= momentum < 1.0:
